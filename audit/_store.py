@@ -1,0 +1,262 @@
+"""The DuckDB store: one writer (the collector), many readers.
+
+See ``docs/architecture.md`` ("Writing and reading one DuckDB file") for why readers go through a
+running collector when there is one, and open the file read-only for one query otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+from audit import _relations
+from audit._errors import CollectorUnavailable, QueryError, StoreError
+from audit._readonly import check_read_only
+from audit.schema import RAW_TABLES, raw_ddl
+
+SIDECAR_SUFFIX = ".collector.json"
+"""A running collector announces itself in ``<store>.collector.json`` (query URL, token)."""
+
+
+def sidecar_path(path: str | os.PathLike[str]) -> Path:
+    return Path(f"{os.fspath(path)}{SIDECAR_SUFFIX}")
+
+
+class Store:
+    """Read-write handle on a store file. Only one process may hold it (the collector).
+
+    Writes come from one thread at a time (the collector's writer); :meth:`query` may be called
+    from any thread: each call runs on its own cursor and sees committed data.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if self.path.parent and not self.path.parent.exists():
+            raise StoreError(f"folder {self.path.parent} does not exist")
+        try:
+            self._con = duckdb.connect(os.fspath(self.path))
+        except duckdb.IOException as exc:
+            raise StoreError(_lock_message(self.path, exc)) from exc
+        except duckdb.Error as exc:
+            raise StoreError(f"{self.path} is not a DuckDB store: {_one_line(exc)}") from exc
+        self._lock = threading.Lock()
+        self._closed = False
+        for table in RAW_TABLES:
+            self._con.execute(raw_ddl(table))
+        self._con.execute(
+            "create table if not exists routeaudit_meta (key varchar primary key, value varchar)"
+        )
+        _relations.install(self._con)
+        self._con.execute(
+            "insert or replace into routeaudit_meta values ('relations_version', ?)",
+            [_relations.relations_version()],
+        )
+        self._con.execute("checkpoint")
+        # From here on no query on this database may read or write files other than the store.
+        self._con.execute("set enable_external_access = false")
+        self._con.execute("set lock_configuration = true")
+
+    def append(self, spans: pa.Table | None = None, events: pa.Table | None = None,
+               snapshots: pa.Table | None = None) -> int:
+        """Insert in one transaction and commit; return the number of new spans.
+
+        Spans already stored (same trace_id, span_id) and their events are ignored, so a retried
+        export is stored once. When this returns, the rows survive a crash (WAL synced on commit).
+        """
+        with self._lock:
+            con = self._con
+            con.execute("begin transaction")
+            try:
+                new = 0
+                if spans is not None and spans.num_rows:
+                    con.register("_ra_spans", spans)
+                    new = con.execute(
+                        "insert or ignore into raw_spans by name select * from _ra_spans"
+                    ).fetchall()[0][0]
+                    con.unregister("_ra_spans")
+                if events is not None and events.num_rows:
+                    con.register("_ra_events", events)
+                    con.execute("insert or ignore into raw_span_events by name select * from _ra_events")
+                    con.unregister("_ra_events")
+                if snapshots is not None and snapshots.num_rows:
+                    con.register("_ra_snaps", snapshots)
+                    con.execute("insert into raw_snapshots by name select * from _ra_snaps")
+                    con.unregister("_ra_snaps")
+                con.execute("commit")
+            except BaseException:
+                con.execute("rollback")
+                raise
+            return int(new)
+
+    def query_arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        """Run a read-only query on a fresh cursor (thread-safe)."""
+        check_read_only(sql)
+        cur = self._con.cursor()
+        try:
+            return cur.sql(sql, params=list(params) if params else None).to_arrow_table()
+        except duckdb.Error as exc:
+            raise QueryError(_one_line(exc)) from exc
+        finally:
+            cur.close()
+
+    def execute_internal(self, sql: str, params: Sequence[Any] | None = None) -> None:
+        """Run a trusted statement (refresh of materialised relations); not for user input."""
+        with self._lock:
+            self._con.execute(sql, list(params) if params else None)
+
+    def checkpoint(self) -> None:
+        with self._lock:
+            self._con.execute("checkpoint")
+
+    def close(self) -> None:
+        """Checkpoint and close; safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._con.execute("checkpoint")
+            finally:
+                self._con.close()
+
+
+class Reader:
+    """Read-only access for notebooks, ``routeaudit sql`` and the dashboard.
+
+    Each query goes to the collector that owns the store if one is running (its sidecar file
+    says where), else opens the file read-only for that query alone, so a collector can still
+    start later. Results are polars DataFrames.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise StoreError(f"no store at {self.path} (start `routeaudit collect --db {self.path}` or run `routeaudit demo`)")
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> pl.DataFrame:
+        """Run one read-only query and return its rows."""
+        return pl.from_arrow(self.query_arrow(sql, params))  # type: ignore[return-value]
+
+    def query_arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        check_read_only(sql)
+        remote = _live_collector(self.path)
+        if remote is not None:
+            return _query_collector(remote, sql, params)
+        return self._query_file(sql, params)
+
+    def table(self, name: str, limit: int | None = None) -> pl.DataFrame:
+        """A whole relation (or its first ``limit`` rows) by name."""
+        known = self.relations()
+        if name not in known:
+            raise QueryError(f"unknown relation {name!r}; known: {', '.join(known)}")
+        sql = f"select * from {name}" + (f" limit {int(limit)}" if limit is not None else "")
+        return self.query(sql)
+
+    def relations(self) -> list[str]:
+        """Public relations (marts) users may read, plus the raw tables."""
+        return _relations.public_relations() + list(RAW_TABLES)
+
+    def version(self) -> str:
+        """Changes whenever the store's content changes: cache key for dashboards."""
+        remote = _live_collector(self.path)
+        st = self.path.stat()
+        wal = Path(f"{self.path}.wal")
+        wal_m = wal.stat().st_mtime_ns if wal.exists() else 0
+        return f"{'live' if remote else 'file'}:{st.st_mtime_ns}:{st.st_size}:{wal_m}"
+
+    def _query_file(self, sql: str, params: Sequence[Any] | None) -> pa.Table:
+        try:
+            con = duckdb.connect(os.fspath(self.path), read_only=True,
+                                 config={"enable_external_access": False})
+        except duckdb.IOException as exc:
+            raise StoreError(_lock_message(self.path, exc)) from exc
+        except duckdb.Error as exc:
+            raise StoreError(f"{self.path} is not a DuckDB store: {_one_line(exc)}") from exc
+        try:
+            if not _views_current(con):
+                _relations.install(con, temporary=True)
+            return con.sql(sql, params=list(params) if params else None).to_arrow_table()
+        except duckdb.Error as exc:
+            raise QueryError(_one_line(exc)) from exc
+        finally:
+            con.close()
+
+
+def _views_current(con: duckdb.DuckDBPyConnection) -> bool:
+    try:
+        rows = con.sql(
+            "select value from routeaudit_meta where key = 'relations_version'"
+        ).fetchall()
+    except duckdb.Error:
+        return False
+    return bool(rows) and rows[0][0] == _relations.relations_version()
+
+
+def _live_collector(path: Path) -> dict[str, Any] | None:
+    side = sidecar_path(path)
+    try:
+        info = json.loads(side.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    pid = info.get("pid")
+    if not isinstance(pid, int) or not _pid_alive(pid):
+        return None
+    return info
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _query_collector(info: dict[str, Any], sql: str, params: Sequence[Any] | None) -> pa.Table:
+    import httpx
+
+    url = info.get("query_url")
+    headers = {"content-type": "application/json"}
+    token = info.get("token") or os.environ.get("ROUTEAUDIT_TOKEN")
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    try:
+        resp = httpx.post(str(url), json={"sql": sql, "params": list(params or [])},
+                          headers=headers, timeout=60.0)
+    except httpx.HTTPError as exc:
+        raise CollectorUnavailable(f"the collector at {url} owns this store but did not answer: {exc}") from exc
+    if resp.status_code != 200:
+        try:
+            message = resp.json().get("error", resp.text)
+        except ValueError:
+            message = resp.text
+        raise QueryError(str(message).strip().splitlines()[0] if message else f"HTTP {resp.status_code}")
+    with pa.ipc.open_stream(resp.content) as reader:
+        return reader.read_all()
+
+
+def _lock_message(path: Path, exc: Exception) -> str:
+    text = _one_line(exc)
+    if "lock" in text.lower():
+        return (f"{path} is held by another process and no running collector announced itself "
+                f"({sidecar_path(path).name} missing): {text}")
+    return f"cannot open {path}: {text}"
+
+
+def _one_line(exc: BaseException | str) -> str:
+    s = str(exc).strip()
+    return s.splitlines()[0] if s else type(exc).__name__
+
+
+def open(path: str | os.PathLike[str]) -> Reader:  # noqa: A001 - mirrors builtins.open on purpose
+    """Open a store for reading: ``audit.open("audit.duckdb").query("select ...")``."""
+    return Reader(path)
