@@ -8,15 +8,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["open", "Store", "AuditError"]
+__all__ = ["open", "Store", "Reader", "AuditError", "SLO", "load_slo"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from audit._errors import AuditError
-    from audit._store import Store, open
+    from audit._slo import SLO, load_slo
+    from audit._store import Reader, Store, open
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("open", "Store"):
+    if name in ("SLO", "load_slo"):
+        from audit import _slo
+
+        return getattr(_slo, name)
+    if name in ("open", "Store", "Reader"):
         from audit import _store
 
         return getattr(_store, name)

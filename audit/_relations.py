@@ -15,8 +15,10 @@ from typing import Final
 
 import duckdb
 
-LAYERS: Final = ("staging", "intermediate", "marts")
-"""Relation layers, in dependency order."""
+LAYERS: Final = ("staging", "intermediate", "marts", "attribution")
+"""Relation layers, in dependency order. ``attribution`` judges the marts: its ``int_*``
+relations are internal steps, the others (``attributions``, ``slo_summary``, ``calibration``…)
+are public like the marts."""
 
 MARTS_DOC: Final = "docs/schema.md"
 
@@ -82,8 +84,12 @@ def relations_version() -> str:
 
 
 def public_relations() -> list[str]:
-    """Names users and dashboards may read: the marts."""
-    return [r.name for r in load_relations() if r.layer == "marts"]
+    """Names users and dashboards may read: the marts and the public attribution relations."""
+    return [
+        r.name
+        for r in load_relations()
+        if r.layer == "marts" or (r.layer == "attribution" and not r.name.startswith("int_"))
+    ]
 
 
 def install(con: duckdb.DuckDBPyConnection, *, temporary: bool = False) -> None:

@@ -10,7 +10,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import duckdb
 import polars as pl
@@ -19,6 +19,7 @@ import pyarrow as pa
 from audit import _relations
 from audit._errors import CollectorUnavailable, QueryError, StoreError
 from audit._readonly import check_read_only
+from audit._slo import SLO, load_slo
 from audit.schema import RAW_TABLES, raw_ddl
 
 SIDECAR_SUFFIX = ".collector.json"
@@ -95,11 +96,16 @@ class Store:
                 raise
             return int(new)
 
-    def query_arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
-        """Run a read-only query on a fresh cursor (thread-safe)."""
+    def query_arrow(self, sql: str, params: Sequence[Any] | None = None,
+                    variables: Mapping[str, float | str] | None = None) -> pa.Table:
+        """Run a read-only query on a fresh cursor (thread-safe).
+
+        ``variables`` are DuckDB session variables the relations read (the SLO targets).
+        """
         check_read_only(sql)
         cur = self._con.cursor()
         try:
+            _set_variables(cur, variables)
             return cur.sql(sql, params=list(params) if params else None).to_arrow_table()
         except duckdb.Error as exc:
             raise QueryError(_one_line(exc)) from exc
@@ -135,21 +141,25 @@ class Reader:
     start later. Results are polars DataFrames.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, slo: SLO | None = None) -> None:
         self.path = Path(path)
+        self.slo = slo or load_slo()
         if not self.path.exists():
             raise StoreError(f"no store at {self.path} (start `routeaudit collect --db {self.path}` or run `routeaudit demo`)")
 
-    def query(self, sql: str, params: Sequence[Any] | None = None) -> pl.DataFrame:
-        """Run one read-only query and return its rows."""
-        return pl.from_arrow(self.query_arrow(sql, params))  # type: ignore[return-value]
+    def query(self, sql: str, params: Sequence[Any] | None = None, *,
+              slo: SLO | None = None) -> pl.DataFrame:
+        """Run one read-only query and return its rows; ``slo`` overrides :attr:`slo`."""
+        return pl.from_arrow(self.query_arrow(sql, params, slo=slo))  # type: ignore[return-value]
 
-    def query_arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+    def query_arrow(self, sql: str, params: Sequence[Any] | None = None, *,
+                    slo: SLO | None = None) -> pa.Table:
         check_read_only(sql)
+        variables = (slo or self.slo).variables()
         remote = _live_collector(self.path)
         if remote is not None:
-            return _query_collector(remote, sql, params)
-        return self._query_file(sql, params)
+            return _query_collector(remote, sql, params, variables)
+        return self._query_file(sql, params, variables)
 
     def table(self, name: str, limit: int | None = None) -> pl.DataFrame:
         """A whole relation (or its first ``limit`` rows) by name."""
@@ -171,7 +181,8 @@ class Reader:
         wal_m = wal.stat().st_mtime_ns if wal.exists() else 0
         return f"{'live' if remote else 'file'}:{st.st_mtime_ns}:{st.st_size}:{wal_m}"
 
-    def _query_file(self, sql: str, params: Sequence[Any] | None) -> pa.Table:
+    def _query_file(self, sql: str, params: Sequence[Any] | None,
+                    variables: Mapping[str, float | str]) -> pa.Table:
         try:
             con = duckdb.connect(os.fspath(self.path), read_only=True,
                                  config={"enable_external_access": False})
@@ -182,6 +193,7 @@ class Reader:
         try:
             if not _views_current(con):
                 _relations.install(con, temporary=True)
+            _set_variables(con, variables)
             return con.sql(sql, params=list(params) if params else None).to_arrow_table()
         except duckdb.Error as exc:
             raise QueryError(_one_line(exc)) from exc
@@ -221,7 +233,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _query_collector(info: dict[str, Any], sql: str, params: Sequence[Any] | None) -> pa.Table:
+def _set_variables(con: duckdb.DuckDBPyConnection,
+                   variables: Mapping[str, float | str] | None) -> None:
+    for name, value in (variables or {}).items():
+        if not name.isidentifier():
+            raise QueryError(f"bad variable name {name!r}")
+        con.execute(f"set variable {name} = ?", [value])
+
+
+def _query_collector(info: dict[str, Any], sql: str, params: Sequence[Any] | None,
+                     variables: Mapping[str, float | str]) -> pa.Table:
     import httpx
 
     url = info.get("query_url")
@@ -230,7 +251,7 @@ def _query_collector(info: dict[str, Any], sql: str, params: Sequence[Any] | Non
     if token:
         headers["authorization"] = f"Bearer {token}"
     try:
-        resp = httpx.post(str(url), json={"sql": sql, "params": list(params or [])},
+        resp = httpx.post(str(url), json={"sql": sql, "params": list(params or []), "variables": dict(variables)},
                           headers=headers, timeout=60.0)
     except httpx.HTTPError as exc:
         raise CollectorUnavailable(f"the collector at {url} owns this store but did not answer: {exc}") from exc
@@ -257,6 +278,10 @@ def _one_line(exc: BaseException | str) -> str:
     return s.splitlines()[0] if s else type(exc).__name__
 
 
-def open(path: str | os.PathLike[str]) -> Reader:  # noqa: A001 - mirrors builtins.open on purpose
-    """Open a store for reading: ``audit.open("audit.duckdb").query("select ...")``."""
-    return Reader(path)
+def open(path: str | os.PathLike[str], *, slo: SLO | None = None) -> Reader:  # noqa: A001
+    """Open a store for reading: ``audit.open("audit.duckdb").query("select ...")``.
+
+    ``slo`` sets the TTFT/TPOT targets the attribution relations judge by (default:
+    :func:`audit.load_slo`, i.e. config file, environment, then defaults).
+    """
+    return Reader(path, slo=slo)

@@ -1,0 +1,161 @@
+"""Configuration of the OTLP receiver: one frozen dataclass with documented defaults.
+
+Precedence (applied by the caller, e.g. the command line): argument, then ``ROUTEAUDIT_*``
+environment variable, then the ``DEFAULT_*`` constant. :func:`default_config` applies the
+environment variables this module names; :meth:`CollectorConfig.validate` fails fast, before
+anything listens, with a one-line :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from collectors.otlp._errors import ConfigError
+
+ENV_TOKEN: Final = "ROUTEAUDIT_TOKEN"
+"""Environment variable holding the bearer token clients must send (none: no auth on loopback)."""
+
+DEFAULT_DB_PATH: Final = "audit.duckdb"
+DEFAULT_HOST: Final = "127.0.0.1"
+"""Both transports bind loopback unless told otherwise; a non-loopback bind needs a token."""
+DEFAULT_HTTP_PORT: Final = 4318
+"""OTLP/HTTP's registered port; also serves /health, /metrics and /routeaudit/query."""
+DEFAULT_GRPC_PORT: Final = 4317
+"""OTLP/gRPC's registered port."""
+DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+"""Largest request body accepted as sent on the wire (HTTP) or as a gRPC message; more → 413."""
+DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
+"""Largest body after gzip decompression; a gzip bomb stops here (→ 413), never exhausts memory."""
+DEFAULT_QUEUE_MAX_SPANS: Final = 100_000
+"""Spans waiting for the writer; when full, exports are refused with 429 / RESOURCE_EXHAUSTED."""
+DEFAULT_MAX_GROUP_BATCHES: Final = 256
+"""Most queued exports merged into one commit (group commit)."""
+DEFAULT_MAX_GROUP_SPANS: Final = 50_000
+"""A group stops growing once it holds this many spans (bounds one transaction's size)."""
+DEFAULT_RETRY_AFTER_S: Final = 1
+"""Delay suggested to refused clients (``Retry-After`` / ``RetryInfo``), whole seconds."""
+DEFAULT_EXPORT_TIMEOUT_S: Final = 30.0
+"""How long an export waits for its commit before answering 503 / UNAVAILABLE (retryable)."""
+DEFAULT_GRPC_MAX_WORKERS: Final = 16
+"""gRPC handler threads; each blocks while its export waits for the commit."""
+DEFAULT_SCRAPE_INTERVAL_S: Final = 1.0
+"""Interval between two scrapes of each ``/metrics`` target."""
+DEFAULT_MAX_QUERY_BYTES: Final = 1024 * 1024
+"""Largest ``POST /routeaudit/query`` body."""
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """Everything the receiver needs. Defaults bind loopback and suit one machine.
+
+    A port of ``0`` picks a free port (the chosen one is on :attr:`Collector.http_port` /
+    :attr:`Collector.grpc_port`); ``grpc_port=None`` disables the gRPC transport.
+    """
+
+    db_path: Path = Path(DEFAULT_DB_PATH)
+    """The store file; the collector is its only writer."""
+    http_host: str = DEFAULT_HOST
+    http_port: int = DEFAULT_HTTP_PORT
+    grpc_host: str = DEFAULT_HOST
+    grpc_port: int | None = DEFAULT_GRPC_PORT
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    queue_max_spans: int = DEFAULT_QUEUE_MAX_SPANS
+    max_group_batches: int = DEFAULT_MAX_GROUP_BATCHES
+    max_group_spans: int = DEFAULT_MAX_GROUP_SPANS
+    retry_after_s: int = DEFAULT_RETRY_AFTER_S
+    export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S
+    grpc_max_workers: int = DEFAULT_GRPC_MAX_WORKERS
+    token: str | None = field(default=None, repr=False)
+    """Bearer token required on every endpoint but ``/health``; never logged or printed."""
+    scrape_targets: tuple[str, ...] = ()
+    """Prometheus ``/metrics`` URLs sampled into ``raw_snapshots``."""
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
+
+    def with_changes(self, **changes: Any) -> CollectorConfig:
+        """A copy with some fields replaced (the dataclass is frozen)."""
+        return replace(self, **changes)
+
+    def validate(self) -> CollectorConfig:
+        """Raise :class:`ConfigError` (one line) if this cannot work; return ``self`` otherwise."""
+        _check_port("http_port", self.http_port)
+        if self.grpc_port is not None:
+            _check_port("grpc_port", self.grpc_port)
+            if (self.grpc_port == self.http_port and self.http_port != 0
+                    and _same_bind(self.http_host, self.grpc_host)):
+                raise ConfigError(f"http_port and grpc_port are both {self.http_port}")
+        hosts = [self.http_host] + ([self.grpc_host] if self.grpc_port is not None else [])
+        for host in hosts:
+            if not host or any(c.isspace() for c in host):
+                raise ConfigError(f"bad bind host {host!r}")
+        if self.token is not None:
+            if not self.token.strip() or any(c.isspace() or ord(c) < 33 for c in self.token):
+                raise ConfigError("token must be non-empty printable text without spaces")
+        if not self.token and not all(_is_loopback(h) for h in hosts):
+            exposed = next(h for h in hosts if not _is_loopback(h))
+            raise ConfigError(
+                f"refusing to listen on non-loopback address {exposed} without a token "
+                f"(set {ENV_TOKEN} or --token)"
+            )
+        for name in ("max_body_bytes", "max_decompressed_bytes", "queue_max_spans",
+                     "max_group_batches", "max_group_spans", "grpc_max_workers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_decompressed_bytes < self.max_body_bytes:
+            raise ConfigError("max_decompressed_bytes must be at least max_body_bytes")
+        if not isinstance(self.retry_after_s, int) or self.retry_after_s < 0:
+            raise ConfigError(f"retry_after_s must be a whole number of seconds >= 0, got {self.retry_after_s!r}")
+        if not self.export_timeout_s > 0:
+            raise ConfigError(f"export_timeout_s must be > 0, got {self.export_timeout_s!r}")
+        if not self.scrape_interval_s > 0:
+            raise ConfigError(f"scrape_interval_s must be > 0, got {self.scrape_interval_s!r}")
+        for target in self.scrape_targets:
+            parts = urlsplit(target)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigError(f"scrape target {target!r} is not an http(s) URL")
+        db = Path(self.db_path)
+        if db.is_dir():
+            raise ConfigError(f"db_path {db} is a folder, not a file")
+        parent = db.parent if str(db.parent) else Path(".")
+        if not parent.is_dir():
+            raise ConfigError(f"folder {parent} of db_path does not exist")
+        return self
+
+
+def default_config(**overrides: Any) -> CollectorConfig:
+    """Defaults, then environment (``ROUTEAUDIT_TOKEN``), then ``overrides`` (not validated)."""
+    base: dict[str, Any] = {}
+    env_token = os.environ.get(ENV_TOKEN)
+    if env_token:
+        base["token"] = env_token
+    base.update(overrides)
+    if "db_path" in base:
+        base["db_path"] = Path(base["db_path"])
+    if "scrape_targets" in base:
+        base["scrape_targets"] = tuple(base["scrape_targets"])
+    return CollectorConfig(**base)
+
+
+def _check_port(name: str, port: Any) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ConfigError(f"{name} must be an integer in 0..65535 (0 = pick a free port), got {port!r}")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _same_bind(a: str, b: str) -> bool:
+    wildcard = ("0.0.0.0", "::", "[::]", "")
+    return a == b or a in wildcard or b in wildcard

@@ -1,0 +1,9 @@
+"""Router instrumentation: record routing decisions as ``routeaudit.decision`` spans.
+
+See ``docs/instrument-your-router.md``. Depends on ``opentelemetry-api`` only.
+"""
+
+from ._recorder import Decision, DecisionRecorder, Forward
+from ._records import Candidate, DecisionRecord
+
+__all__ = ["Candidate", "Decision", "DecisionRecord", "DecisionRecorder", "Forward"]

@@ -1,0 +1,571 @@
+"""DecisionRecorder: routing decisions as OpenTelemetry spans (``opentelemetry-api`` only).
+
+Contract for router authors:
+
+* **Never raises into the router.** Every public method catches its own failures, logs them
+  (rate-limited, logger ``collectors.router``), counts them in :attr:`DecisionRecorder.errors`
+  and, when the decision span is still open, in ``routeaudit.decision.recorder_errors``.
+  Exceptions raised *by the router's own code* inside a ``with`` block are recorded on the span
+  and propagate unchanged.
+* **Cheap.** ``candidate()`` only stores a tuple; attributes are built once, when the decision
+  span ends, and set with one call. Without an OpenTelemetry SDK everything is a no-op except the
+  trace-context headers, which still carry an incoming ``traceparent`` through.
+* **No context juggling.** Spans are never made "current" (no contextvars attach/detach), so the
+  same code works in threads, asyncio tasks and callbacks; parents are passed explicitly.
+* A decision object belongs to one request in one thread/task; the recorder itself is shared and
+  thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final
+
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from audit import semconv as sc
+
+from ._records import DecisionRecord
+
+__all__ = ["Decision", "DecisionRecorder", "Forward", "INSTRUMENTATION_NAME"]
+
+INSTRUMENTATION_NAME: Final = "routeaudit.router"
+"""Instrumentation scope name of the spans this module emits."""
+
+_VERSION: Final = "0.1.0"
+_LOG = logging.getLogger("collectors.router")
+_LOG_INTERVAL_S: Final = 10.0
+
+_T_BOOL, _T_STR, _T_INT, _T_FLOAT = 0, 1, 2, 3
+# Candidate fields after ``replica``, in the order Decision.candidate() stores them.
+_CANDIDATE_FIELDS: Final[tuple[tuple[str, int], ...]] = (
+    (sc.CANDIDATE_ELIGIBLE, _T_BOOL),
+    (sc.CANDIDATE_EXCLUDED_REASON, _T_STR),
+    (sc.CANDIDATE_WAITING, _T_INT),
+    (sc.CANDIDATE_RUNNING, _T_INT),
+    (sc.CANDIDATE_KV_USAGE, _T_FLOAT),
+    (sc.CANDIDATE_REMAINING_TOKENS, _T_INT),
+    (sc.CANDIDATE_TELEMETRY_TS, _T_INT),
+    (sc.CANDIDATE_PENDING, _T_INT),
+    (sc.CANDIDATE_PREDICTED_CACHED_TOKENS, _T_INT),
+    (sc.CANDIDATE_EST_QUEUE_MS, _T_FLOAT),
+    (sc.CANDIDATE_EST_PREFILL_MS, _T_FLOAT),
+    (sc.CANDIDATE_SCORE, _T_FLOAT),
+)
+_TELEMETRY_TS_INDEX: Final = 7  # position of telemetry_ts_ns in the stored tuple
+
+
+class _HeaderGetter(Getter[Any]):
+    """Case-insensitive header lookup for dicts, starlette/httpx Headers and lists of pairs."""
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        if isinstance(carrier, Mapping):
+            value = carrier.get(key)
+            if value is None:
+                for k, v in carrier.items():
+                    if isinstance(k, str) and k.lower() == key:
+                        value = v
+                        break
+        else:
+            value = None
+            for k, v in carrier:
+                if isinstance(k, bytes):
+                    k = k.decode("latin-1")
+                if k.lower() == key:
+                    value = v.decode("latin-1") if isinstance(v, bytes) else v
+                    break
+        if value is None:
+            return None
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        return [value] if isinstance(value, str) else list(value)
+
+    def keys(self, carrier: Any) -> list[str]:
+        if isinstance(carrier, Mapping):
+            return [str(k) for k in carrier.keys()]
+        return [k.decode("latin-1") if isinstance(k, bytes) else k for k, _ in carrier]
+
+
+HEADER_GETTER: Final = _HeaderGetter()
+
+
+def extract_context(headers: Any) -> Context:
+    """Trace context (and baggage) from incoming headers, via the global propagator."""
+    return propagate.extract(headers, getter=HEADER_GETTER)
+
+
+def header_value(headers: Any, name: str) -> str | None:
+    """One header's value, case-insensitively; None when absent."""
+    got = HEADER_GETTER.get(headers, name)
+    return got[0] if got else None
+
+
+def _coerce(value: Any, kind: int) -> Any:
+    """Value as the attribute type of its column; raises on a value that cannot be converted."""
+    t = type(value)
+    if kind == _T_INT:
+        return value if t is int else int(value)
+    if kind == _T_FLOAT:
+        return value if (t is float or t is int) else float(value)
+    if kind == _T_BOOL:
+        return value if t is bool else bool(value)
+    return value if t is str else str(value)
+
+
+class DecisionRecorder:
+    """Records a router's decisions: one ``routeaudit.decision`` span per attempt.
+
+    ``tracer_provider`` None means the global provider (resolved lazily, so the SDK may be set up
+    after the recorder is built). See the module docstring for the error contract.
+    """
+
+    def __init__(
+        self,
+        policy: str,
+        router_id: str | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        self.policy = str(policy)
+        self.router_id = None if router_id is None else str(router_id)
+        self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, _VERSION, tracer_provider)
+        self._lock = threading.Lock()
+        self._errors = 0
+        self._last_log = 0.0
+        self._suppressed = 0
+        base: dict[str, Any] = {sc.COMPONENT: "router", sc.ROUTER_POLICY: self.policy}
+        if self.router_id is not None:
+            base[sc.ROUTER_ID] = self.router_id
+        self._base_attrs = base
+
+    @property
+    def errors(self) -> int:
+        """Internal errors swallowed so far (all decisions of this recorder)."""
+        return self._errors
+
+    # ------------------------------------------------------------------ live API
+    def decide(
+        self,
+        request_id: str | None,
+        *,
+        model: str | None = None,
+        input_tokens: int | None = None,
+        max_tokens: int | None = None,
+        prefix_hashes: Sequence[str] | None = None,
+        stream: bool | None = None,
+        endpoint: str | None = None,
+        attempt: int = 0,
+        parent_context: Context | None = None,
+        incoming_headers: Any = None,
+    ) -> Decision:
+        """Open the decision span of one attempt; use as ``with rec.decide(...) as d:``.
+
+        The span starts now. Parent: ``parent_context``, else the trace context extracted from
+        ``incoming_headers``, else the current context. ``request_id`` None takes the incoming
+        ``x-request-id`` header, else a generated id.
+        """
+        return Decision(
+            self, request_id, model, input_tokens, max_tokens, prefix_hashes, stream, endpoint,
+            attempt, parent_context, incoming_headers,
+        )
+
+    # ------------------------------------------------------------------ after-the-fact API
+    def record(self, rec: DecisionRecord) -> Context | None:
+        """Emit a complete decision (and its forward span) with explicit timestamps.
+
+        Returns the Context of the forward span (or of the decision span when there is no
+        forward) for parenting the replica's span; None when recording failed.
+        """
+        try:
+            start = rec.start_ns if rec.start_ns is not None else rec.decided_ns
+            attrs = self._request_attrs(
+                rec.request_id, rec.attempt, rec.model, rec.input_tokens, rec.max_tokens,
+                rec.prefix_hashes, rec.stream, rec.endpoint,
+            )
+            span = self._tracer.start_span(
+                sc.SPAN_DECISION, context=rec.parent_context, kind=SpanKind.INTERNAL,
+                attributes=attrs, start_time=int(start),
+            )
+            errors = 0
+            chosen_index = -1
+            rows: list[tuple[Any, ...]] = []
+            for i, c in enumerate(rec.candidates):
+                rows.append((
+                    c.replica, c.eligible, c.excluded_reason, c.waiting, c.running, c.kv_usage,
+                    c.remaining_tokens, c.telemetry_ts_ns, c.pending, c.predicted_cached_tokens,
+                    c.est_queue_ms, c.est_prefill_ms, c.score,
+                ))
+                if rec.chosen is not None and chosen_index < 0 and c.replica == rec.chosen:
+                    chosen_index = i
+            errors += _emit_candidates(span, rows, chosen_index, int(rec.decided_ns))
+            final = _final_attrs(
+                rec.chosen, rec.reason, rec.outcome, len(rows), int(rec.decided_ns), errors
+            )
+            span.set_attributes(final)
+            if rec.outcome == "error":
+                span.set_status(Status(StatusCode.ERROR, rec.reason))
+            if errors:
+                self._count(errors, "bad candidate values in record()")
+            parent = rec.parent_context
+            span_ctx = trace.set_span_in_context(span, parent)
+            result = span_ctx
+            if rec.forward_url is not None or rec.forward_start_ns is not None:
+                f_start = int(rec.forward_start_ns if rec.forward_start_ns is not None
+                              else rec.decided_ns)
+                fwd = self._tracer.start_span(
+                    sc.SPAN_FORWARD, context=span_ctx, kind=SpanKind.CLIENT,
+                    attributes=_forward_attrs(rec.request_id, rec.attempt, rec.forward_url,
+                                              rec.chosen),
+                    start_time=f_start,
+                )
+                if rec.forward_http_status is not None:
+                    _set_status_code(fwd, int(rec.forward_http_status))
+                fwd.end(int(rec.forward_end_ns) if rec.forward_end_ns is not None else f_start)
+                result = trace.set_span_in_context(fwd, parent)
+            span.end(int(rec.end_ns) if rec.end_ns is not None else max(start, rec.decided_ns))
+            return result
+        except Exception as exc:  # never raise into the caller
+            self._fail(exc)
+            return None
+
+    # ------------------------------------------------------------------ internals
+    def _request_attrs(
+        self, request_id: str, attempt: int, model: Any, input_tokens: Any, max_tokens: Any,
+        prefix_hashes: Any, stream: Any, endpoint: Any,
+    ) -> dict[str, Any]:
+        attrs = self._base_attrs.copy()
+        attrs[sc.REQUEST_ID] = request_id
+        attrs[sc.ATTEMPT] = attempt
+        if model is not None:
+            attrs[sc.REQUEST_MODEL] = model
+        if input_tokens is not None:
+            attrs[sc.REQUEST_INPUT_TOKENS] = input_tokens
+        if max_tokens is not None:
+            attrs[sc.REQUEST_MAX_TOKENS] = max_tokens
+        if prefix_hashes is not None:
+            attrs[sc.REQUEST_PREFIX_HASHES] = [str(h) for h in prefix_hashes]
+        if stream is not None:
+            attrs[sc.REQUEST_STREAM] = bool(stream)
+        if endpoint is not None:
+            attrs[sc.REQUEST_ENDPOINT] = endpoint
+        return attrs
+
+    def _count(self, n: int, what: str) -> None:
+        with self._lock:
+            self._errors += n
+        self._log(what)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self._errors += 1
+        self._log(f"{type(exc).__name__}: {exc}", exc)
+
+    def _log(self, what: str, exc: BaseException | None = None) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_log < _LOG_INTERVAL_S and self._last_log:
+                self._suppressed += 1
+                return
+            suppressed, self._suppressed, self._last_log = self._suppressed, 0, now
+        _LOG.warning(
+            "routeaudit decision recorder error (router unaffected): %s%s", what,
+            f" ({suppressed} similar errors suppressed)" if suppressed else "",
+            exc_info=exc,
+        )
+
+
+def _emit_candidates(
+    span: trace.Span, rows: Iterable[tuple[Any, ...]], chosen_index: int, decided_ns: int
+) -> int:
+    """Add one candidate event per row; returns the number of values that had to be dropped."""
+    errors = 0
+    add_event = span.add_event
+    name = sc.EVENT_CANDIDATE
+    for i, row in enumerate(rows):
+        attrs: dict[str, Any] = {sc.CANDIDATE_REPLICA: str(row[0])}
+        for (key, kind), value in zip(_CANDIDATE_FIELDS, row[1:]):
+            if value is None:
+                continue
+            try:
+                attrs[key] = _coerce(value, kind)
+            except Exception:
+                errors += 1
+        ts = attrs.get(sc.CANDIDATE_TELEMETRY_TS)
+        if ts is not None:
+            attrs[sc.CANDIDATE_TELEMETRY_AGE_MS] = (decided_ns - ts) / 1e6
+        attrs[sc.CANDIDATE_CHOSEN] = i == chosen_index
+        add_event(name, attrs, decided_ns)
+    return errors
+
+
+def _final_attrs(
+    chosen: Any, reason: Any, outcome: Any, count: int, decided_ns: int, errors: int
+) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        sc.DECISION_OUTCOME: str(outcome),
+        sc.DECISION_CANDIDATE_COUNT: count,
+        sc.DECISION_TIME: decided_ns,
+    }
+    if chosen is not None:
+        attrs[sc.DECISION_CHOSEN] = str(chosen)
+    if reason is not None:
+        attrs[sc.DECISION_REASON] = str(reason)
+    if errors:
+        attrs[sc.DECISION_RECORDER_ERRORS] = errors
+    return attrs
+
+
+def _forward_attrs(request_id: str, attempt: int, url: Any, replica: Any) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        sc.COMPONENT: "router", sc.REQUEST_ID: request_id, sc.ATTEMPT: attempt,
+        sc.HTTP_METHOD: "POST",
+    }
+    if url is not None:
+        attrs[sc.URL_FULL] = str(url)
+    if replica is not None:
+        attrs[sc.REPLICA_ID] = str(replica)
+    return attrs
+
+
+def _set_status_code(span: trace.Span, code: int) -> None:
+    span.set_attribute(sc.HTTP_STATUS, code)
+    if code >= 400:  # OTel HTTP semconv: 4xx and 5xx are errors on CLIENT spans
+        span.set_status(Status(StatusCode.ERROR))
+
+
+class Decision:
+    """One routing attempt in progress (returned by :meth:`DecisionRecorder.decide`)."""
+
+    __slots__ = (
+        "_rec", "request_id", "attempt", "_span", "_parent", "_rows", "_chosen", "_chosen_index",
+        "_reason", "_outcome", "_decided_ns", "_errors", "_forward", "_ended",
+    )
+
+    def __init__(
+        self, rec: DecisionRecorder, request_id: str | None, model: Any, input_tokens: Any,
+        max_tokens: Any, prefix_hashes: Any, stream: Any, endpoint: Any, attempt: int,
+        parent_context: Context | None, incoming_headers: Any,
+    ) -> None:
+        self._rec = rec
+        self._rows: list[tuple[Any, ...]] = []
+        self._chosen: str | None = None
+        self._chosen_index = -1
+        self._reason: str | None = None
+        self._outcome: str | None = None
+        self._decided_ns = 0
+        self._errors = 0
+        self._forward: Forward | None = None
+        self._ended = False
+        self._span: trace.Span = trace.INVALID_SPAN
+        self._parent = parent_context
+        self.attempt = attempt
+        self.request_id = "" if request_id is None else str(request_id)
+        try:
+            if parent_context is None and incoming_headers is not None:
+                self._parent = extract_context(incoming_headers)
+            if request_id is None:
+                rid = None
+                if incoming_headers is not None:
+                    rid = header_value(incoming_headers, "x-request-id")
+                self.request_id = rid or uuid.uuid4().hex
+            attrs = rec._request_attrs(
+                self.request_id, attempt, model, input_tokens, max_tokens, prefix_hashes, stream,
+                endpoint,
+            )
+            self._span = rec._tracer.start_span(
+                sc.SPAN_DECISION, context=self._parent, kind=SpanKind.INTERNAL, attributes=attrs
+            )
+        except Exception as exc:
+            self._error(exc)
+
+    # -- context manager
+    def __enter__(self) -> Decision:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.end(ev)
+
+    # -- recording
+    def candidate(
+        self, replica: str, *, eligible: bool = True, excluded_reason: str | None = None,
+        waiting: int | None = None, running: int | None = None, kv_usage: float | None = None,
+        remaining_tokens: int | None = None, telemetry_ts_ns: int | None = None,
+        pending: int | None = None, predicted_cached_tokens: int | None = None,
+        est_queue_ms: float | None = None, est_prefill_ms: float | None = None,
+        score: float | None = None,
+    ) -> None:
+        """Note one candidate replica and the telemetry the router saw for it (cheap)."""
+        self._rows.append((
+            replica, eligible, excluded_reason, waiting, running, kv_usage, remaining_tokens,
+            telemetry_ts_ns, pending, predicted_cached_tokens, est_queue_ms, est_prefill_ms, score,
+        ))
+
+    def choose(self, replica: str, reason: str | None = None, *, outcome: str = "routed") -> None:
+        """The decision: ``replica`` gets the request. Marks the decision instant."""
+        self._decided_ns = time.time_ns()
+        self._chosen = replica
+        self._reason = reason
+        self._outcome = outcome
+
+    def reject(self, reason: str | None = None, *, outcome: str = "rejected") -> None:
+        """No replica gets the request (admission limit, no eligible replica, queue...)."""
+        self._decided_ns = time.time_ns()
+        self._chosen = None
+        self._reason = reason
+        self._outcome = outcome
+
+    def forward(self, url: str, *, replica: str | None = None) -> Forward:
+        """Start the ``routeaudit.forward`` CLIENT span (child of the decision span) now.
+
+        ``replica`` defaults to the chosen replica. Use as a context manager, or call
+        ``end()``; may outlive the ``decide`` block (streaming responses).
+        """
+        fwd = Forward(self, url, replica if replica is not None else self._chosen)
+        self._forward = fwd
+        return fwd
+
+    def outgoing_headers(self) -> dict[str, str]:
+        """Headers to send to the replica: of the open forward span, else of the decision span."""
+        if self._forward is not None and not self._forward._ended:
+            return dict(self._forward.headers)
+        return self._headers_for(self._span)
+
+    @property
+    def context(self) -> Context:
+        """Context holding the decision span (for parenting spans of the router's own)."""
+        return trace.set_span_in_context(self._span, self._parent)
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """End the decision span (done by the ``with`` block; safe to call twice)."""
+        if self._ended:
+            return
+        self._ended = True
+        span = self._span
+        try:
+            if not span.is_recording():
+                return
+            decided = self._decided_ns or time.time_ns()
+            rows = self._rows
+            chosen_index = -1
+            if self._chosen is not None:
+                for i, row in enumerate(rows):
+                    if row[0] == self._chosen:
+                        chosen_index = i
+                        break
+            bad = _emit_candidates(span, rows, chosen_index, decided)
+            self._errors += bad
+            outcome, reason = self._outcome, self._reason
+            if outcome is None:
+                outcome = "error"
+                if reason is None:
+                    reason = "exception" if exc is not None else "no_decision"
+            if exc is not None:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            span.set_attributes(
+                _final_attrs(self._chosen, reason, outcome, len(rows), decided, self._errors)
+            )
+            if bad:
+                self._rec._count(bad, f"request {self.request_id!r}: bad candidate values")
+        except Exception as e:
+            self._rec._fail(e)
+        finally:
+            try:
+                span.end()
+            except Exception as e:
+                self._rec._fail(e)
+
+    # -- internals
+    def _error(self, exc: BaseException) -> None:
+        self._errors += 1
+        with self._rec._lock:
+            self._rec._errors += 1
+        self._rec._log(f"{type(exc).__name__}: {exc}", exc)
+        self._errors_to_span()
+
+    def _errors_to_span(self) -> None:
+        try:
+            if self._span.is_recording():
+                self._span.set_attribute(sc.DECISION_RECORDER_ERRORS, self._errors)
+        except Exception:
+            pass
+
+    def _headers_for(self, span: trace.Span) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        try:
+            propagate.inject(headers, context=trace.set_span_in_context(span, self._parent))
+        except Exception as exc:
+            self._error(exc)
+        headers["x-request-id"] = self.request_id
+        return headers
+
+
+class Forward:
+    """The router's call to the chosen replica (``routeaudit.forward``, kind CLIENT)."""
+
+    __slots__ = ("_decision", "_span", "headers", "_ended")
+
+    def __init__(self, decision: Decision, url: str, replica: str | None) -> None:
+        self._decision = decision
+        self._ended = False
+        self._span: trace.Span = trace.INVALID_SPAN
+        try:
+            self._span = decision._rec._tracer.start_span(
+                sc.SPAN_FORWARD,
+                context=trace.set_span_in_context(decision._span, decision._parent),
+                kind=SpanKind.CLIENT,
+                attributes=_forward_attrs(decision.request_id, decision.attempt, url, replica),
+            )
+        except Exception as exc:
+            decision._error(exc)
+        self.headers: dict[str, str] = decision._headers_for(self._span)
+        """Headers to send: ``traceparent`` (+ ``tracestate``/``baggage``), ``x-request-id``."""
+
+    @property
+    def context(self) -> Context:
+        """Context holding the forward span (parent of the replica's span)."""
+        return trace.set_span_in_context(self._span, self._decision._parent)
+
+    def __enter__(self) -> Forward:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.end(ev)
+
+    def set_http_status(self, status: int) -> None:
+        """The replica's HTTP status; 4xx/5xx mark the span as an error."""
+        try:
+            _set_status_code(self._span, int(status))
+        except Exception as exc:
+            self._decision._error(exc)
+
+    def set_error(self, message: str) -> None:
+        """The forward failed (connection refused, timeout...)."""
+        try:
+            self._span.set_status(Status(StatusCode.ERROR, str(message)))
+        except Exception as exc:
+            self._decision._error(exc)
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """End the forward span (safe to call twice)."""
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            if exc is not None and self._span.is_recording():
+                self._span.record_exception(exc)
+                self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            self._span.end()
+        except Exception as e:
+            self._decision._error(e)

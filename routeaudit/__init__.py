@@ -1,0 +1,4 @@
+"""The ``routeaudit`` command line; the product lives in ``collectors``, ``audit``,
+``dashboards`` and ``testbed``."""
+
+__all__: list[str] = []

@@ -1,0 +1,5 @@
+import sys
+
+from routeaudit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,222 @@
+"""``routeaudit``: the command line. Each subcommand imports what it needs when it runs.
+
+Every error a user can act on is printed as one line on stderr with a non-zero exit status; a
+traceback means a bug in routeaudit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+EXIT_USER_ERROR = 2
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_DB = ROOT / "sample_data" / "demo.duckdb"
+
+
+def _add_slo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ttft-slo-ms", type=float, default=None,
+                   help="TTFT target in ms (default: config file, $ROUTEAUDIT_TTFT_SLO_MS, or 2000)")
+    p.add_argument("--tpot-slo-ms", type=float, default=None,
+                   help="TPOT target in ms (default: config file, $ROUTEAUDIT_TPOT_SLO_MS, or 100)")
+    p.add_argument("--config", default=None, help="routeaudit.toml with an [slo] table")
+
+
+def _slo(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from audit import load_slo
+
+    return load_slo(args.config, ttft_ms=args.ttft_slo_ms, tpot_ms=args.tpot_slo_ms)
+
+
+# ------------------------------------------------------------------------------------------
+def cmd_collect(args: argparse.Namespace) -> int:
+    from collectors.otlp import CollectorConfig, run_collector
+
+    config = CollectorConfig(
+        db_path=args.db,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        token=args.token or os.environ.get("ROUTEAUDIT_TOKEN"),
+        scrape_targets=list(args.scrape or []),
+        scrape_interval_s=args.scrape_interval,
+    )
+    return int(run_collector(config) or 0)
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    import audit
+    from audit._errors import QueryError
+
+    reader = audit.open(args.db, slo=_slo(args))
+    query = args.query if args.query != "-" else sys.stdin.read()
+    try:
+        frame = reader.query(query)
+    except QueryError as exc:
+        message = str(exc)
+        if "Catalog Error" in message and "does not exist" in message:
+            message += f" (relations: {', '.join(reader.relations())})"
+        raise QueryError(message) from None
+    if args.format == "csv":
+        sys.stdout.write(frame.write_csv())
+    elif args.format == "json":
+        sys.stdout.write(frame.write_ndjson())
+    else:
+        with pl.Config(tbl_rows=args.max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+            print(frame)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from routeaudit._demo import run_demo
+
+    return run_demo(db=Path(args.db), scenario=args.scenario, n_requests=args.requests,
+                    seed=args.seed, slo=_slo(args), progress=not args.quiet)
+
+
+def cmd_attribute(args: argparse.Namespace) -> int:
+    import audit
+    from audit.attribution import summary_text
+
+    print(summary_text(audit.open(args.db, slo=_slo(args))))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    import audit
+    from audit.attribution import compare_runs, format_comparison
+
+    reader = audit.open(args.db, slo=_slo(args))
+    print(format_comparison(compare_runs(reader, args.baseline, args.candidate)))
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    db = Path(args.db) if args.db else SAMPLE_DB
+    if not db.exists():
+        if args.db:
+            from audit._errors import StoreError
+
+            raise StoreError(f"no store at {db}")
+        from routeaudit._demo import build_sample_data
+
+        build_sample_data(progress=True)
+    env = dict(os.environ, ROUTEAUDIT_DB=str(db.resolve()))
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboards" / "app.py"),
+           "--server.port", str(args.port), "--server.address", args.host,
+           "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    print(f"routeaudit dashboard on http://{args.host}:{args.port} (store {db})", flush=True)
+    return subprocess.call(cmd, env=env)
+
+
+def cmd_sample_data(args: argparse.Namespace) -> int:
+    from routeaudit._demo import build_sample_data
+
+    build_sample_data(progress=not args.quiet)
+    return 0
+
+
+def cmd_testbed(args: argparse.Namespace) -> int:
+    from routeaudit._demo import testbed_command
+
+    return testbed_command(args)
+
+
+# ------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="routeaudit",
+        description="Audit routing decisions of LLM serving fleets: collect OTLP spans into "
+                    "DuckDB, attribute slow requests to misrouting, eviction or stale telemetry.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("collect", help="receive OTLP spans (HTTP + gRPC) into a store")
+    p.add_argument("--db", required=True, help="store file (created if missing)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--http-port", type=int, default=4318, help="OTLP/HTTP port (default 4318)")
+    p.add_argument("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (default 4317)")
+    p.add_argument("--token", default=None,
+                   help="bearer token required from senders and readers ($ROUTEAUDIT_TOKEN)")
+    p.add_argument("--scrape", action="append", metavar="URL",
+                   help="replica /metrics URL to sample into snapshots (repeatable)")
+    p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes")
+    p.set_defaults(func=cmd_collect)
+
+    p = sub.add_parser("sql", help="run a read-only SQL query on a store (also while collecting)")
+    p.add_argument("--db", required=True)
+    p.add_argument("query", help="SQL text, or - to read it from stdin")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--max-rows", type=int, default=50, help="rows shown in table format")
+    _add_slo_args(p)
+    p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("demo", help="run a testbed scenario end to end into a store and judge it")
+    p.add_argument("--db", default="demo.duckdb")
+    p.add_argument("--scenario", default="mixed")
+    p.add_argument("--requests", type=int, default=None, help="requests to replay (default: scenario's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_slo_args(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("attribute", help="judge slow requests and print a summary")
+    p.add_argument("--db", required=True)
+    _add_slo_args(p)
+    p.set_defaults(func=cmd_attribute)
+
+    p = sub.add_parser("compare", help="compare two runs that replayed the same arrival trace")
+    p.add_argument("--db", required=True)
+    p.add_argument("--baseline", required=True, help="run id of the baseline policy")
+    p.add_argument("--candidate", required=True, help="run id of the candidate policy")
+    _add_slo_args(p)
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("dashboard", help="open the Streamlit dashboard on a store")
+    p.add_argument("--db", default=None, help="store (default: the bundled sample data)")
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1")
+    p.set_defaults(func=cmd_dashboard)
+
+    p = sub.add_parser("sample-data", help="rebuild sample_data/demo.duckdb from sample_data/*")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_sample_data)
+
+    p = sub.add_parser("testbed", help="emulated fleet: list scenarios, run one, or start live parts")
+    p.add_argument("action", choices=("list", "run"), help="list scenarios, or run one")
+    p.add_argument("--scenario", default="baseline")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--requests", type=int, default=None)
+    p.add_argument("--ground-truth", default=None, help="where to write the ground-truth file")
+    p.set_defaults(func=cmd_testbed)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    from audit._errors import AuditError
+
+    try:
+        return func(args)
+    except AuditError as exc:
+        print(f"routeaudit {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            print(f"routeaudit {args.command}: {exc.strerror}: {exc.filename}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        raise
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
