@@ -34,18 +34,19 @@ def _slo(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 # ------------------------------------------------------------------------------------------
 def cmd_collect(args: argparse.Namespace) -> int:
-    from collectors.otlp import CollectorConfig, run_collector
+    from collectors.otlp import default_config, run_collector
 
-    config = CollectorConfig(
+    config = default_config(
         db_path=args.db,
-        host=args.host,
+        http_host=args.host,
+        grpc_host=args.host,
         http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        token=args.token or os.environ.get("ROUTEAUDIT_TOKEN"),
-        scrape_targets=list(args.scrape or []),
+        grpc_port=None if args.grpc_port == 0 else args.grpc_port,
+        scrape_targets=tuple(args.scrape or ()),
         scrape_interval_s=args.scrape_interval,
+        **({"token": args.token} if args.token else {}),
     )
-    return int(run_collector(config) or 0)
+    return int(run_collector(config.validate()) or 0)
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -141,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", required=True, help="store file (created if missing)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=4318, help="OTLP/HTTP port (default 4318)")
-    p.add_argument("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (default 4317)")
+    p.add_argument("--grpc-port", type=int, default=4317,
+                   help="OTLP/gRPC port (default 4317; 0 turns gRPC off)")
     p.add_argument("--token", default=None,
                    help="bearer token required from senders and readers ($ROUTEAUDIT_TOKEN)")
     p.add_argument("--scrape", action="append", metavar="URL",
@@ -198,16 +200,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_USER_ERRORS = (
+    # (module, class): errors a user can act on. Checked only if the module was imported, so the
+    # command line never imports a package just to recognise its errors.
+    ("audit._errors", "AuditError"),
+    ("collectors.otlp._errors", "CollectorError"),
+    ("testbed._errors", "TestbedError"),
+)
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    for module, name in _USER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(exc, cls):
+            return True
+    return False
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    from audit._errors import AuditError
-
     try:
         return func(args)
-    except AuditError as exc:
-        print(f"routeaudit {args.command}: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if not _is_user_error(exc):
+            raise
+        print(f"routeaudit {args.command}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130

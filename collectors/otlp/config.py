@@ -76,6 +76,18 @@ class CollectorConfig:
     scrape_targets: tuple[str, ...] = ()
     """Prometheus ``/metrics`` URLs sampled into ``raw_snapshots``."""
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
+    host: str | None = None
+    """Shorthand for the command line: when given, sets both ``http_host`` and ``grpc_host``
+    at construction (and reads back as None afterwards)."""
+
+    def __post_init__(self) -> None:
+        # Normalise what a command line naturally passes (str path, list of targets).
+        object.__setattr__(self, "db_path", Path(self.db_path))
+        object.__setattr__(self, "scrape_targets", tuple(self.scrape_targets))
+        if self.host is not None:
+            object.__setattr__(self, "http_host", self.host)
+            object.__setattr__(self, "grpc_host", self.host)
+            object.__setattr__(self, "host", None)
 
     def with_changes(self, **changes: Any) -> CollectorConfig:
         """A copy with some fields replaced (the dataclass is frozen)."""
@@ -135,10 +147,6 @@ def default_config(**overrides: Any) -> CollectorConfig:
     if env_token:
         base["token"] = env_token
     base.update(overrides)
-    if "db_path" in base:
-        base["db_path"] = Path(base["db_path"])
-    if "scrape_targets" in base:
-        base["scrape_targets"] = tuple(base["scrape_targets"])
     return CollectorConfig(**base)
 
 

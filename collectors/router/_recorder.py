@@ -383,6 +383,9 @@ class Decision:
                 sc.SPAN_DECISION, context=self._parent, kind=SpanKind.INTERNAL, attributes=attrs
             )
         except Exception as exc:
+            # Keep the incoming trace flowing to the replica even without a span of our own.
+            self._span = trace.NonRecordingSpan(
+                trace.get_current_span(self._parent).get_span_context())
             self._error(exc)
 
     # -- context manager
@@ -526,6 +529,7 @@ class Forward:
                 attributes=_forward_attrs(decision.request_id, decision.attempt, url, replica),
             )
         except Exception as exc:
+            self._span = trace.NonRecordingSpan(decision._span.get_span_context())
             decision._error(exc)
         self.headers: dict[str, str] = decision._headers_for(self._span)
         """Headers to send: ``traceparent`` (+ ``tracestate``/``baggage``), ``x-request-id``."""

@@ -1,22 +1,41 @@
--- PLACEHOLDER: the real decisions relation is being written; same columns as docs/schema.md.
-with final as (
+-- decisions: one row per routing attempt (grain: request_key, attempt; decision_id is unique
+-- too). routeaudit routers record them (recorded = true, with candidate events); for SMG,
+-- vllm-router and production-stack they are reconstructed from the router's own spans
+-- (recorded = false, no candidates, policy only when the router names it).
+with
+
+int_decisions_joined_to_executions_source as (
+
+    select * from int_decisions_joined_to_executions
+
+),
+
+final as (
+
     select
-        cast(null as varchar) as request_id,
-        cast(null as bigint) as attempt,
-        cast(null as varchar) as trace_id,
-        cast(null as varchar) as span_id,
-        cast(null as varchar) as router_id,
-        cast(null as varchar) as policy,
-        cast(null as timestamptz) as decided_at,
-        cast(null as bigint) as decided_ns,
-        cast(null as varchar) as chosen_replica,
-        cast(null as varchar) as reason,
-        cast(null as varchar) as outcome,
-        cast(null as bigint) as candidate_count,
-        cast(null as bigint) as forward_status,
-        cast(null as double) as forward_ms,
-        cast(null as boolean) as recorded
-    where false
+        request_key,
+        request_id,
+        attempt,
+        decision_id,
+        trace_id,
+        span_id,
+        dialect,
+        router_id,
+        policy,
+        to_timestamp(corrected_decided_ns / 1e9) as decided_at,
+        decided_ns,
+        chosen_replica,
+        reason,
+        outcome,
+        candidate_count,
+        forward_status,
+        forward_ms,
+        recorded,
+        execution_span_id,
+        served_by,
+        clock_status = 'inconsistent' as clock_suspect
+    from int_decisions_joined_to_executions_source
+
 )
 
 select * from final

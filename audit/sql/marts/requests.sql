@@ -1,41 +1,282 @@
--- PLACEHOLDER: the real requests relation is being written; same columns as docs/schema.md.
-with final as (
+-- requests: one row per logical request (grain: request_key = trace id and span id of the
+-- request's anchor span: the client span, else the topmost router span, else the replica
+-- span). Sides are joined in int_requests_linked (trace first, request id when a router broke
+-- the trace). Timings come from one side only: the client when it reported a TTFT, else the
+-- replica; tpot_ms = (e2e_ms - ttft_ms) / (output_tokens - 1), null when fewer than 2 tokens.
+with
+
+int_spans_clock_corrected_source as (
+
+    select * from int_spans_clock_corrected
+
+),
+
+int_decisions_joined_to_executions_source as (
+
+    select * from int_decisions_joined_to_executions
+
+),
+
+stg_candidates_source as (
+
+    select * from stg_candidates
+
+),
+
+client_sides as (
+
+    select *
+    from int_spans_clock_corrected_source
+    where span_role = 'client'
+    qualify row_number() over (
+        partition by request_key order by start_ns, span_id
+    ) = 1
+
+),
+
+router_sides as (
+
+    select *
+    from int_spans_clock_corrected_source
+    where span_role like 'router_%'
+    qualify row_number() over (
+        partition by request_key
+        order by
+            case span_role
+                when 'router_server' then 0
+                when 'router_decision' then 1
+                else 2
+            end,
+            start_ns,
+            span_id
+    ) = 1
+
+),
+
+replica_sides as (
+
+    select *
+    from int_spans_clock_corrected_source
+    where span_role = 'replica'
+    qualify row_number() over (
+        partition by request_key
+        order by corrected_start_ns desc, span_id desc
+    ) = 1
+
+),
+
+sides_per_request as (
+
     select
-        cast(null as varchar) as request_id,
-        cast(null as varchar) as trace_id,
-        cast(null as varchar) as run_id,
-        cast(null as varchar) as model,
-        cast(null as varchar) as endpoint,
-        cast(null as bigint) as input_tokens,
-        cast(null as bigint) as max_tokens,
-        cast(null as boolean) as stream,
-        cast(null as timestamptz) as client_start,
-        cast(null as double) as ttft_ms,
-        cast(null as double) as tpot_ms,
-        cast(null as double) as e2e_ms,
-        cast(null as bigint) as output_tokens,
-        cast(null as varchar) as finish_reason,
-        cast(null as varchar) as status,
-        cast(null as bigint) as http_status,
-        cast(null as varchar) as router_id,
-        cast(null as varchar) as policy,
-        cast(null as bigint) as attempts,
-        cast(null as varchar) as chosen_replica,
-        cast(null as varchar) as served_by,
-        cast(null as bigint) as predicted_cached_tokens,
-        cast(null as bigint) as actual_cached_tokens,
-        cast(null as double) as router_ms,
-        cast(null as double) as queue_ms,
-        cast(null as double) as prefill_ms,
-        cast(null as double) as decode_ms,
-        cast(null as double) as replica_ttft_ms,
-        cast(null as boolean) as has_client,
-        cast(null as boolean) as has_router,
-        cast(null as boolean) as has_replica,
-        cast(null as boolean) as router_side_missing,
-        cast(null as varchar) as link_method,
-        cast(null as boolean) as clock_suspect
-    where false
+        request_key,
+        min(request_trace_id) as request_trace_id,
+        min(link_method) as link_method,
+        bool_or(span_role = 'client') as has_client,
+        bool_or(span_role like 'router_%') as has_router,
+        bool_or(span_role = 'replica') as has_replica,
+        bool_or(clock_status = 'inconsistent')
+            or (
+                bool_or(clock_status = 'unbounded')
+                and count(distinct clock_domain) > 1
+            ) as clock_suspect,
+        min(corrected_start_ns) as first_seen_ns,
+        min(run_id) as any_run_id,
+        min(model) as any_model,
+        min(max_tokens) as any_max_tokens,
+        bool_or(stream) as any_stream,
+        min(endpoint) filter (where span_role <> 'replica') as any_endpoint,
+        min(request_input_tokens) as any_request_input_tokens
+    from int_spans_clock_corrected_source
+    group by request_key
+
+),
+
+final_decisions as (
+
+    select
+        request_key,
+        count(*) as attempts,
+        max_by(decision_id, attempt) as decision_id,
+        max_by(router_id, attempt) as router_id,
+        max_by(policy, attempt) as policy,
+        max_by(chosen_replica, attempt) as chosen_replica,
+        max_by(outcome, attempt) as outcome,
+        max_by(forward_status, attempt) as forward_status,
+        max_by(trace_id, attempt) as trace_id,
+        max_by(span_id, attempt) as span_id,
+        max_by(request_id, attempt) as request_id
+    from int_decisions_joined_to_executions_source
+    group by request_key
+
+),
+
+predicted_cache_of_chosen as (
+
+    select
+        final_decisions.request_key,
+        max(candidates.predicted_cached_tokens) as predicted_cached_tokens
+    from final_decisions
+    inner join stg_candidates_source as candidates
+        on candidates.trace_id = final_decisions.trace_id
+        and candidates.decision_span_id = final_decisions.span_id
+    where coalesce(
+        candidates.declared_chosen,
+        candidates.replica = final_decisions.chosen_replica
+    )
+    group by final_decisions.request_key
+
+),
+
+requests_joined as (
+
+    select
+        sides.request_key,
+        coalesce(
+            client.request_id,
+            decision.request_id,
+            router.request_id,
+            replica.request_id
+        ) as request_id,
+        coalesce(client.trace_id, sides.request_trace_id) as trace_id,
+        coalesce(client.run_id, router.run_id, replica.run_id, sides.any_run_id)
+            as run_id,
+        coalesce(client.model, router.model, replica.model, sides.any_model)
+            as model,
+        coalesce(client.endpoint, router.endpoint, sides.any_endpoint)
+            as endpoint,
+        coalesce(
+            replica.usage_input_tokens,
+            client.usage_input_tokens,
+            client.request_input_tokens,
+            sides.any_request_input_tokens
+        ) as input_tokens,
+        coalesce(
+            client.max_tokens,
+            router.max_tokens,
+            replica.max_tokens,
+            sides.any_max_tokens
+        ) as max_tokens,
+        coalesce(client.stream, router.stream, sides.any_stream) as stream,
+        to_timestamp(client.corrected_start_ns / 1e9) as client_start,
+        to_timestamp(sides.first_seen_ns / 1e9) as first_seen_at,
+        case
+            when client.client_ttft_ms is not null then 'client'
+            when replica.engine_ttft_ms is not null then 'replica'
+            when client.span_id is not null then 'client'
+            when replica.span_id is not null then 'replica'
+            when router.span_id is not null then 'router'
+        end as timing_source,
+        client,
+        router,
+        replica,
+        decision,
+        predicted.predicted_cached_tokens,
+        sides.has_client,
+        sides.has_router,
+        sides.has_replica,
+        sides.link_method,
+        sides.clock_suspect
+    from sides_per_request as sides
+    left join client_sides as client
+        on client.request_key = sides.request_key
+    left join router_sides as router
+        on router.request_key = sides.request_key
+    left join replica_sides as replica
+        on replica.request_key = sides.request_key
+    left join final_decisions as decision
+        on decision.request_key = sides.request_key
+    left join predicted_cache_of_chosen as predicted
+        on predicted.request_key = sides.request_key
+
+),
+
+requests_timed as (
+
+    select
+        *,
+        case timing_source
+            when 'client' then client.client_ttft_ms
+            when 'replica' then replica.engine_ttft_ms
+        end as ttft_ms,
+        case timing_source
+            when 'client'
+                then coalesce(client.client_e2e_ms, client.duration_ms)
+            when 'replica'
+                then coalesce(replica.engine_e2e_ms, replica.duration_ms)
+            when 'router' then router.duration_ms
+        end as e2e_ms,
+        coalesce(replica.usage_output_tokens, client.usage_output_tokens)
+            as output_tokens,
+        coalesce(client.finish_reason, replica.finish_reason) as finish_reason,
+        coalesce(client.http_status, router.http_status, decision.forward_status)
+            as http_status
+    from requests_joined
+
+),
+
+final as (
+
+    select
+        request_key,
+        request_id,
+        trace_id,
+        run_id,
+        model,
+        endpoint,
+        input_tokens,
+        max_tokens,
+        stream,
+        client_start,
+        first_seen_at,
+        ttft_ms,
+        case
+            when output_tokens >= 2 and e2e_ms is not null and ttft_ms is not null
+                then (e2e_ms - ttft_ms) / (output_tokens - 1)
+        end as tpot_ms,
+        e2e_ms,
+        timing_source,
+        output_tokens,
+        finish_reason,
+        case
+            when client.declared_status in (
+                'ok', 'error', 'timeout', 'cancelled', 'rejected'
+            ) then client.declared_status
+            when decision.outcome = 'rejected' then 'rejected'
+            when http_status in (408, 504) then 'timeout'
+            when http_status = 499 then 'cancelled'
+            when http_status = 429 then 'rejected'
+            when http_status >= 400 then 'error'
+            when finish_reason = 'abort' then 'cancelled'
+            when replica.declared_status in (
+                'ok', 'error', 'timeout', 'cancelled', 'rejected'
+            ) then replica.declared_status
+            when client.otel_status = 'error'
+                or router.otel_status = 'error'
+                or replica.otel_status = 'error' then 'error'
+            else 'ok'
+        end as status,
+        http_status,
+        coalesce(decision.router_id, router.router_id) as router_id,
+        decision.policy,
+        coalesce(decision.attempts, 0) as attempts,
+        decision.chosen_replica,
+        replica.self_replica as served_by,
+        predicted_cached_tokens,
+        coalesce(replica.usage_cached_tokens, client.usage_cached_tokens)
+            as actual_cached_tokens,
+        router.duration_ms as router_ms,
+        replica.engine_queue_ms as queue_ms,
+        replica.engine_prefill_ms as prefill_ms,
+        replica.engine_decode_ms as decode_ms,
+        replica.engine_ttft_ms as replica_ttft_ms,
+        has_client,
+        has_router,
+        has_replica,
+        has_client and has_replica and not has_router as router_side_missing,
+        link_method,
+        clock_suspect
+    from requests_timed
+
 )
 
 select * from final

@@ -1,0 +1,124 @@
+-- int_clock_bounds_per_domain_pair: one row per pair of clock domains that have at least one
+-- cross-domain parent/child span pair (grain: domain_a, domain_b with domain_a < domain_b).
+--
+-- A span lies within its nearest ancestor in another clock domain on true time. With d = offset(child domain) -
+-- offset(parent domain), observed child_start - d >= parent_start and child_end - d <=
+-- parent_end, so d is in [child_end - parent_end, child_start - parent_start]. Every pair is
+-- turned to d_ab = offset(domain_a) - offset(domain_b) and the intervals are intersected.
+-- An empty intersection means the clocks are not consistent with one fixed offset (a clock
+-- jump, drift, or a child that outlived its parent); its estimate is then the median of the
+-- per-pair midpoints. See docs/clock.md.
+with recursive
+
+stg_spans_source as (
+
+    select * from stg_spans
+
+),
+
+-- Walk up from each span while the ancestors stay in its clock domain, and stop at the first
+-- ancestor in another domain: the remote caller waits for this process, so the span lies
+-- within it. In-process ancestors are skipped on purpose: a routeaudit.decision span ends
+-- before its forward child does.
+walk_up_to_other_domain as (
+
+    select
+        spans.trace_id,
+        spans.span_id,
+        spans.clock_domain as origin_domain,
+        spans.start_ns as origin_start_ns,
+        spans.end_ns as origin_end_ns,
+        spans.parent_span_id as next_span_id,
+        cast(null as varchar) as ancestor_domain,
+        cast(null as bigint) as ancestor_start_ns,
+        cast(null as bigint) as ancestor_end_ns,
+        0 as depth
+    from stg_spans_source as spans
+    where spans.parent_span_id is not null
+
+    union all
+
+    select
+        walk.trace_id,
+        walk.span_id,
+        walk.origin_domain,
+        walk.origin_start_ns,
+        walk.origin_end_ns,
+        parent_spans.parent_span_id as next_span_id,
+        parent_spans.clock_domain as ancestor_domain,
+        parent_spans.start_ns as ancestor_start_ns,
+        parent_spans.end_ns as ancestor_end_ns,
+        walk.depth + 1 as depth
+    from walk_up_to_other_domain as walk
+    inner join stg_spans_source as parent_spans
+        on parent_spans.trace_id = walk.trace_id
+        and parent_spans.span_id = walk.next_span_id
+    where (
+        walk.ancestor_domain is null
+        or walk.ancestor_domain = walk.origin_domain
+    )
+        and walk.depth < 64
+
+),
+
+cross_domain_pairs as (
+
+    select
+        origin_domain as child_domain,
+        ancestor_domain as parent_domain,
+        origin_end_ns - ancestor_end_ns as lower_ns,
+        origin_start_ns - ancestor_start_ns as upper_ns
+    from walk_up_to_other_domain
+    where ancestor_domain <> origin_domain
+
+),
+
+pairs_oriented as (
+
+    select
+        least(child_domain, parent_domain) as domain_a,
+        greatest(child_domain, parent_domain) as domain_b,
+        case
+            when child_domain < parent_domain then lower_ns else -upper_ns
+        end as lower_ns,
+        case
+            when child_domain < parent_domain then upper_ns else -lower_ns
+        end as upper_ns
+    from cross_domain_pairs
+
+),
+
+bounds_intersected as (
+
+    select
+        domain_a,
+        domain_b,
+        count(*) as pair_count,
+        max(lower_ns) as lower_ns,
+        min(upper_ns) as upper_ns,
+        median((lower_ns + upper_ns) / 2.0) as median_midpoint_ns
+    from pairs_oriented
+    group by domain_a, domain_b
+
+),
+
+final as (
+
+    select
+        domain_a,
+        domain_b,
+        pair_count,
+        lower_ns,
+        upper_ns,
+        lower_ns <= upper_ns as is_consistent,
+        cast(
+            case
+                when lower_ns <= upper_ns then (lower_ns + upper_ns) / 2.0
+                else median_midpoint_ns
+            end as bigint
+        ) as offset_a_minus_b_ns
+    from bounds_intersected
+
+)
+
+select * from final

@@ -1,0 +1,295 @@
+-- int_clock_offsets: one row per clock domain (grain: clock_domain) with its offset from the
+-- reference domain: corrected_ns = observed_ns - offset_ns. The reference is the domain with
+-- the most client spans, else the most router spans, else the most spans (ties: name).
+-- Offsets propagate breadth-first from the reference over int_clock_bounds_per_domain_pair,
+-- unrolled to 4 hops (client -> router -> replica is 2); each domain is reached through the
+-- neighbour with the most span pairs. Status: reference / bounded / inconsistent (an edge on
+-- its path or touching it has empty bounds: clock jump or drift) / unbounded (not connected to
+-- the reference: offset taken as 0). See docs/clock.md.
+with
+
+stg_spans_source as (
+
+    select * from stg_spans
+
+),
+
+int_clock_bounds_per_domain_pair_source as (
+
+    select * from int_clock_bounds_per_domain_pair
+
+),
+
+domains as (
+
+    select
+        clock_domain,
+        count(*) filter (where span_role = 'client') as client_spans,
+        count(*) filter (where span_role like 'router_%') as router_spans,
+        count(*) as spans
+    from stg_spans_source
+    group by clock_domain
+
+),
+
+reference_domain as (
+
+    select clock_domain
+    from domains
+    order by client_spans desc, router_spans desc, spans desc, clock_domain
+    limit 1
+
+),
+
+directed_edges as (
+
+    select
+        domain_a as from_domain,
+        domain_b as to_domain,
+        -offset_a_minus_b_ns as delta_ns,
+        -upper_ns as delta_lower_ns,
+        -lower_ns as delta_upper_ns,
+        pair_count,
+        is_consistent
+    from int_clock_bounds_per_domain_pair_source
+
+    union all
+
+    select
+        domain_b as from_domain,
+        domain_a as to_domain,
+        offset_a_minus_b_ns as delta_ns,
+        lower_ns as delta_lower_ns,
+        upper_ns as delta_upper_ns,
+        pair_count,
+        is_consistent
+    from int_clock_bounds_per_domain_pair_source
+
+),
+
+domains_with_inconsistent_edges as (
+
+    select domain_a as clock_domain
+    from int_clock_bounds_per_domain_pair_source
+    where not is_consistent
+
+    union
+
+    select domain_b as clock_domain
+    from int_clock_bounds_per_domain_pair_source
+    where not is_consistent
+
+),
+
+offsets_level_0 as (
+
+    select
+        clock_domain,
+        cast(0 as bigint) as offset_ns,
+        cast(0 as bigint) as lower_ns,
+        cast(0 as bigint) as upper_ns,
+        true as path_consistent,
+        0 as hops,
+        cast(null as varchar) as via_domain
+    from reference_domain
+
+),
+
+offsets_level_1_candidates as (
+
+    select
+        directed_edges.to_domain as clock_domain,
+        offsets_level_0.offset_ns + directed_edges.delta_ns as offset_ns,
+        offsets_level_0.lower_ns + directed_edges.delta_lower_ns as lower_ns,
+        offsets_level_0.upper_ns + directed_edges.delta_upper_ns as upper_ns,
+        offsets_level_0.path_consistent and directed_edges.is_consistent
+            as path_consistent,
+        1 as hops,
+        directed_edges.from_domain as via_domain,
+        row_number() over (
+            partition by directed_edges.to_domain
+            order by directed_edges.pair_count desc, directed_edges.from_domain
+        ) as preference
+    from offsets_level_0
+    inner join directed_edges
+        on directed_edges.from_domain = offsets_level_0.clock_domain
+    where directed_edges.to_domain not in (
+        select clock_domain from offsets_level_0
+    )
+
+),
+
+offsets_level_1 as (
+
+    select
+        clock_domain,
+        offset_ns,
+        lower_ns,
+        upper_ns,
+        path_consistent,
+        hops,
+        via_domain
+    from offsets_level_1_candidates
+    where preference = 1
+
+),
+offsets_level_2_candidates as (
+
+    select
+        directed_edges.to_domain as clock_domain,
+        offsets_level_1.offset_ns + directed_edges.delta_ns as offset_ns,
+        offsets_level_1.lower_ns + directed_edges.delta_lower_ns as lower_ns,
+        offsets_level_1.upper_ns + directed_edges.delta_upper_ns as upper_ns,
+        offsets_level_1.path_consistent and directed_edges.is_consistent
+            as path_consistent,
+        2 as hops,
+        directed_edges.from_domain as via_domain,
+        row_number() over (
+            partition by directed_edges.to_domain
+            order by directed_edges.pair_count desc, directed_edges.from_domain
+        ) as preference
+    from offsets_level_1
+    inner join directed_edges
+        on directed_edges.from_domain = offsets_level_1.clock_domain
+    where directed_edges.to_domain not in (
+        select clock_domain from offsets_level_0
+        union all select clock_domain from offsets_level_1
+    )
+
+),
+
+offsets_level_2 as (
+
+    select
+        clock_domain,
+        offset_ns,
+        lower_ns,
+        upper_ns,
+        path_consistent,
+        hops,
+        via_domain
+    from offsets_level_2_candidates
+    where preference = 1
+
+),
+offsets_level_3_candidates as (
+
+    select
+        directed_edges.to_domain as clock_domain,
+        offsets_level_2.offset_ns + directed_edges.delta_ns as offset_ns,
+        offsets_level_2.lower_ns + directed_edges.delta_lower_ns as lower_ns,
+        offsets_level_2.upper_ns + directed_edges.delta_upper_ns as upper_ns,
+        offsets_level_2.path_consistent and directed_edges.is_consistent
+            as path_consistent,
+        3 as hops,
+        directed_edges.from_domain as via_domain,
+        row_number() over (
+            partition by directed_edges.to_domain
+            order by directed_edges.pair_count desc, directed_edges.from_domain
+        ) as preference
+    from offsets_level_2
+    inner join directed_edges
+        on directed_edges.from_domain = offsets_level_2.clock_domain
+    where directed_edges.to_domain not in (
+        select clock_domain from offsets_level_0
+        union all select clock_domain from offsets_level_1
+        union all select clock_domain from offsets_level_2
+    )
+
+),
+
+offsets_level_3 as (
+
+    select
+        clock_domain,
+        offset_ns,
+        lower_ns,
+        upper_ns,
+        path_consistent,
+        hops,
+        via_domain
+    from offsets_level_3_candidates
+    where preference = 1
+
+),
+offsets_level_4_candidates as (
+
+    select
+        directed_edges.to_domain as clock_domain,
+        offsets_level_3.offset_ns + directed_edges.delta_ns as offset_ns,
+        offsets_level_3.lower_ns + directed_edges.delta_lower_ns as lower_ns,
+        offsets_level_3.upper_ns + directed_edges.delta_upper_ns as upper_ns,
+        offsets_level_3.path_consistent and directed_edges.is_consistent
+            as path_consistent,
+        4 as hops,
+        directed_edges.from_domain as via_domain,
+        row_number() over (
+            partition by directed_edges.to_domain
+            order by directed_edges.pair_count desc, directed_edges.from_domain
+        ) as preference
+    from offsets_level_3
+    inner join directed_edges
+        on directed_edges.from_domain = offsets_level_3.clock_domain
+    where directed_edges.to_domain not in (
+        select clock_domain from offsets_level_0
+        union all select clock_domain from offsets_level_1
+        union all select clock_domain from offsets_level_2
+        union all select clock_domain from offsets_level_3
+    )
+
+),
+
+offsets_level_4 as (
+
+    select
+        clock_domain,
+        offset_ns,
+        lower_ns,
+        upper_ns,
+        path_consistent,
+        hops,
+        via_domain
+    from offsets_level_4_candidates
+    where preference = 1
+
+),
+offsets_reached as (
+
+    select * from offsets_level_0
+    union all
+    select * from offsets_level_1
+    union all
+    select * from offsets_level_2
+    union all
+    select * from offsets_level_3
+    union all
+    select * from offsets_level_4
+
+),
+
+final as (
+
+    select
+        domains.clock_domain,
+        coalesce(offsets_reached.offset_ns, 0) as offset_ns,
+        offsets_reached.lower_ns as offset_lower_ns,
+        offsets_reached.upper_ns as offset_upper_ns,
+        offsets_reached.hops,
+        offsets_reached.via_domain,
+        case
+            when offsets_reached.hops = 0 then 'reference'
+            when offsets_reached.clock_domain is null then 'unbounded'
+            when not offsets_reached.path_consistent
+                or domains_with_inconsistent_edges.clock_domain is not null
+                then 'inconsistent'
+            else 'bounded'
+        end as clock_status
+    from domains
+    left join offsets_reached
+        on offsets_reached.clock_domain = domains.clock_domain
+    left join domains_with_inconsistent_edges
+        on domains_with_inconsistent_edges.clock_domain = domains.clock_domain
+
+)
+
+select * from final

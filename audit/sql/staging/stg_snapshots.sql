@@ -1,0 +1,63 @@
+-- stg_snapshots: one row per scrape of one engine (grain: target, dp_rank, scraped_ns).
+-- raw_snapshots has no key (the collector writes it), so an exact repeat of a scrape is kept
+-- once. The replica id is normalised like stg_spans. No joins, no aggregation.
+with
+
+raw_snapshots_source as (
+
+    select * from raw_snapshots
+
+),
+
+snapshots_deduplicated as (
+
+    select *
+    from raw_snapshots_source
+    qualify row_number() over (
+        partition by target, dp_rank, scraped_ns
+        order by ok desc, error nulls first
+    ) = 1
+
+),
+
+final as (
+
+    select
+        target,
+        case
+            when nullif(trim(replica), '') is null then null
+            when regexp_matches(trim(replica), '^[A-Za-z][A-Za-z0-9+.-]*://')
+                or regexp_matches(
+                    trim(replica), '^(\[[^\]]+\]|[^/:\s]+):[0-9]+(/.*)?$'
+                )
+                then regexp_replace(
+                    regexp_extract(
+                        lower(trim(replica)),
+                        '^(?:[a-z][a-z0-9+.-]*://)?(?:[^@/]*@)?'
+                        || '((?:\[[^\]]+\]|[^/:?#]+)(?::[0-9]+)?)',
+                        1
+                    ),
+                    '^(localhost|0\.0\.0\.0|\[::1\]|\[::\])(:|$)',
+                    '127.0.0.1\2'
+                )
+            else trim(replica)
+        end
+        || case when dp_rank > 0 then '#' || dp_rank::varchar else '' end
+            as replica,
+        dp_rank,
+        scraped_ns,
+        scrape_ms,
+        ok,
+        error,
+        running,
+        waiting,
+        kv_usage,
+        prefix_cache_queries,
+        prefix_cache_hits,
+        cache_hit_rate,
+        model_name
+    from snapshots_deduplicated
+
+)
+
+select * from final

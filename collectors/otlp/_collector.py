@@ -1,0 +1,320 @@
+"""The collector: store + writer + both transports + sidecar (+ scraper), started and stopped
+in the right order.
+
+Start: validate the config, bind both ports (a port in use is a one-line :class:`StartError`),
+open the store (the only read-write handle), start the writer, serve, announce ourselves in
+``<db>.collector.json`` (mode 0600), start the scraper. Stop (idempotent): stop the scraper,
+remove the sidecar, stop accepting on both transports while in-flight exports finish, drain the
+writer's queue (every queued batch is committed), close the store (checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from audit._errors import StoreError
+from audit._store import Store, sidecar_path
+from collectors.otlp._errors import QueueFull, StartError, WriterUnavailable
+from collectors.otlp._export import Exporter
+from collectors.otlp._grpc import GrpcReceiver, GrpcServer
+from collectors.otlp._http import HttpReceiver, HttpServer, bind_socket
+from collectors.otlp._metrics import Metrics
+from collectors.otlp._status import one_line
+from collectors.otlp._writer import Writer
+from collectors.otlp.config import CollectorConfig
+
+log = logging.getLogger("routeaudit.collector")
+
+_OPEN_LOCK = threading.Lock()
+_OPEN_STORES: set[str] = set()
+"""Store files held by a collector of this process."""
+
+_GRACE_S = 10.0
+"""Longest a stop waits for in-flight requests on each transport."""
+
+
+class Collector:
+    """The OTLP receiver and single writer of one store. ``with Collector(cfg) as c: ...``.
+
+    ``before_commit`` is a test hook run on the writer thread before every group commit (it may
+    sleep to slow the writer down, or raise to simulate a failing store).
+    """
+
+    def __init__(self, config: CollectorConfig, *,
+                 before_commit: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self._before_commit = before_commit
+        self._lock = threading.Lock()
+        self._state = "new"
+        self.metrics = Metrics()
+        self._store: Store | None = None
+        self._writer: Writer | None = None
+        self._http: HttpServer | None = None
+        self._grpc: GrpcServer | None = None
+        self._scraper: Any = None
+        self._sidecar: Path | None = None
+        self._started_ns = 0
+        self._store_key: str | None = None
+
+    # -- addresses ------------------------------------------------------------------------------
+    @property
+    def http_port(self) -> int:
+        """The bound OTLP/HTTP port (useful when configured as 0)."""
+        if self._http is None:
+            raise RuntimeError("collector not started")
+        return self._http.port
+
+    @property
+    def grpc_port(self) -> int | None:
+        """The bound OTLP/gRPC port, None when gRPC is disabled."""
+        return self._grpc.port if self._grpc is not None else None
+
+    @property
+    def http_url(self) -> str:
+        """Base URL of the HTTP port, e.g. ``http://127.0.0.1:4318``."""
+        return f"http://{_connect_host(self.config.http_host)}:{self.http_port}"
+
+    @property
+    def traces_url(self) -> str:
+        return f"{self.http_url}/v1/traces"
+
+    @property
+    def query_url(self) -> str:
+        return f"{self.http_url}/routeaudit/query"
+
+    @property
+    def grpc_target(self) -> str | None:
+        """``host:port`` for a gRPC channel, None when gRPC is disabled."""
+        if self.grpc_port is None:
+            return None
+        return f"{_connect_host(self.config.grpc_host)}:{self.grpc_port}"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> Collector:
+        """Validate, bind, open the store, serve. Raises ConfigError / StartError (one line)."""
+        with self._lock:
+            if self._state != "new":
+                raise StartError(f"collector already {self._state}; create a new one")
+            self._state = "starting"
+        cfg = self.config.validate()
+        try:
+            self._start(cfg)
+        except BaseException:
+            self._shutdown()
+            with self._lock:
+                self._state = "stopped"
+            raise
+        with self._lock:
+            self._state = "running"
+        grpc_txt = f", OTLP/gRPC {self.grpc_target}" if self._grpc else ""
+        log.info("routeaudit collector listening: OTLP/HTTP %s (and %s/)%s; store %s%s",
+                 self.traces_url, self.http_url, grpc_txt, cfg.db_path,
+                 "; token required" if cfg.token else "")
+        return self
+
+    def _start(self, cfg: CollectorConfig) -> None:
+        sock = bind_socket(cfg.http_host, cfg.http_port)
+        key = os.path.realpath(cfg.db_path)
+        try:
+            with _OPEN_LOCK:
+                # DuckDB shares one database instance per file inside a process, so a second
+                # open here would not hit the file lock: refuse it ourselves.
+                if key in _OPEN_STORES:
+                    raise StartError(f"{cfg.db_path} is already owned by a collector in this process")
+                _OPEN_STORES.add(key)
+            self._store_key = key
+            store = Store(cfg.db_path)
+        except BaseException as exc:
+            sock.close()
+            if isinstance(exc, StoreError):
+                raise StartError(str(exc)) from exc
+            if isinstance(exc, Exception) and not isinstance(exc, StartError):
+                raise StartError(f"cannot open store {cfg.db_path}: {one_line(exc)}") from exc
+            raise
+        self._store = store
+        self._writer = Writer(store, self.metrics, queue_max_spans=cfg.queue_max_spans,
+                              max_group_batches=cfg.max_group_batches,
+                              max_group_spans=cfg.max_group_spans,
+                              before_commit=self._before_commit)
+        self._writer.start()
+        exporter = Exporter(self._writer, self.metrics, cfg.export_timeout_s)
+        receiver = HttpReceiver(exporter, store, self.metrics, cfg, self.health)
+        self._http = HttpServer(receiver.app, sock, _GRACE_S)
+        if cfg.grpc_port is not None:
+            self._grpc = GrpcServer(
+                GrpcReceiver(exporter, self.metrics, cfg.token, cfg.retry_after_s),
+                cfg.grpc_host, cfg.grpc_port, max_workers=cfg.grpc_max_workers,
+                max_message_bytes=cfg.max_decompressed_bytes,
+            )
+            self._grpc.start()
+        self._http.start()
+        self._started_ns = time.time_ns()
+        self._write_sidecar(cfg)
+        if cfg.scrape_targets:
+            from collectors.scrape import Scraper  # lazily: only when asked to scrape
+
+            self._scraper = Scraper(list(cfg.scrape_targets), cfg.scrape_interval_s, self._sink_snapshots)
+            self._scraper.start()
+
+    def stop(self) -> None:
+        """Stop accepting, commit everything queued, close the store, remove the sidecar.
+
+        Safe to call twice and from any thread (not from inside a request handler).
+        """
+        with self._lock:
+            if self._state in ("stopping", "stopped"):
+                return
+            if self._state == "new":
+                self._state = "stopped"
+                return
+            self._state = "stopping"
+        try:
+            self._shutdown()
+        finally:
+            with self._lock:
+                self._state = "stopped"
+            log.info("routeaudit collector stopped; store %s closed", self.config.db_path)
+
+    def _shutdown(self) -> None:
+        if self._scraper is not None:
+            _quietly(self._scraper.stop)
+            self._scraper = None
+        self._remove_sidecar()
+        # Transports first, while the writer still runs, so in-flight exports get their commit.
+        if self._grpc is not None:
+            _quietly(lambda: self._grpc.stop(_GRACE_S) if self._grpc else None)
+        if self._http is not None:
+            _quietly(lambda: self._http.stop(_GRACE_S + 5) if self._http else None)
+        if self._writer is not None:
+            _quietly(lambda: self._writer.close(self.config.export_timeout_s + 30) if self._writer else None)
+        if self._store is not None:
+            _quietly(self._store.close)
+        if self._store_key is not None:
+            with _OPEN_LOCK:
+                _OPEN_STORES.discard(self._store_key)
+            self._store_key = None
+
+    def __enter__(self) -> Collector:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # -- status -------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        """What ``GET /health`` answers."""
+        writer = self._writer
+        state = self._state
+        status = "ok" if state == "running" else state
+        if state == "running" and writer is not None and writer.last_error:
+            status = "degraded"
+        last = self.metrics.last_write_s
+        return {
+            "status": status,
+            "store": str(self.config.db_path),
+            "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - self.metrics.started_monotonic, 3),
+            "queue_spans": writer.depth if writer else 0,
+            "queue_limit_spans": self.config.queue_max_spans,
+            "last_write_ms": round(last * 1000, 3) if last is not None else None,
+            "last_commit_ns": self.metrics.last_commit_ns,
+            "last_error": writer.last_error if writer else None,
+            "counters": self.metrics.snapshot(),
+        }
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _sink_snapshots(self, table: pa.Table) -> None:
+        """Scraper sink (scraper thread): queue the rows, do not wait for the commit."""
+        writer = self._writer
+        if writer is None or not table.num_rows:
+            return
+        try:
+            writer.submit(snapshots=table)
+        except (QueueFull, WriterUnavailable) as exc:
+            self.metrics.inc("snapshots_dropped", table.num_rows)
+            log.warning("scrape round dropped: %s", exc)
+
+    def _write_sidecar(self, cfg: CollectorConfig) -> None:
+        """``<db>.collector.json``, mode 0600 (it may hold the token), written atomically."""
+        path = sidecar_path(cfg.db_path)
+        info: dict[str, Any] = {"pid": os.getpid(), "query_url": self.query_url,
+                                "started_ns": self._started_ns}
+        if cfg.token:
+            info["token"] = cfg.token
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, json.dumps(info).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        self._sidecar = path
+
+    def _remove_sidecar(self) -> None:
+        path, self._sidecar = self._sidecar, None
+        if path is None:
+            return
+        try:
+            info = json.loads(path.read_text("utf-8"))
+            if info.get("pid") == os.getpid() and info.get("started_ns") == self._started_ns:
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+
+
+def run_collector(config: CollectorConfig) -> int:
+    """Start a collector and block until SIGINT or SIGTERM; stop cleanly; return 0.
+
+    Raises ConfigError / StartError (one line each) when it cannot start. Signal handlers are
+    installed only when called from the main thread (elsewhere, KeyboardInterrupt still works).
+    """
+    if not logging.getLogger().handlers and not log.handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
+    collector = Collector(config)
+    try:
+        collector.start()
+        while not stop.wait(0.5):
+            pass
+        log.info("signal received, stopping")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        collector.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _connect_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host in ("::", "[::]"):
+        return "[::1]"
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    return host
+
+
+def _quietly(fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - shutdown continues whatever one part does
+        log.exception("error during shutdown")

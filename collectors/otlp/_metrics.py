@@ -1,0 +1,98 @@
+"""The collector's own telemetry: Prometheus metrics on a private registry, and the counters
+``GET /health`` reports. Thread-safe; every method may be called from any thread and never blocks
+for long or raises.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_COUNTERS = {
+    "spans_received": "Spans in decodable export requests (accepted by the decoder)",
+    "spans_rejected": "Spans rejected by the decoder (OTLP partial success)",
+    "spans_committed": "Spans in committed groups (duplicates included)",
+    "spans_new": "Spans newly stored (committed minus duplicates)",
+    "spans_duplicate": "Spans already stored (retried exports), ignored on insert",
+    "values_truncated": "Attribute strings truncated by the decoder",
+    "snapshots_written": "raw_snapshots rows committed",
+    "snapshots_dropped": "Scrape results dropped because the queue was full",
+    "commits": "Group commits that succeeded",
+    "commit_failures": "Group commits that failed (their exports answered 503 / UNAVAILABLE)",
+    "internal_errors": "Requests that hit a bug (answered 500 or treated as undecodable); should stay 0",
+}
+
+
+class Metrics:
+    """Counters, gauges and the write-latency histogram of one collector."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._lock = threading.Lock()
+        self._values: dict[str, float] = {name: 0 for name in _COUNTERS}
+        self._prom = {
+            name: Counter(f"routeaudit_collector_{name}", doc, registry=self.registry)
+            for name, doc in _COUNTERS.items()
+        }
+        self._requests = Counter(
+            "routeaudit_collector_requests", "Requests answered, by transport and status",
+            ["transport", "status"], registry=self.registry,
+        )
+        self._request_counts: dict[str, int] = {}
+        self._write_seconds = Histogram(
+            "routeaudit_collector_write_seconds", "Duration of one group commit (Store.append)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self._group_batches = Histogram(
+            "routeaudit_collector_group_batches", "Export batches merged into one commit",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=self.registry,
+        )
+        self._queue_depth = Gauge(
+            "routeaudit_collector_queue_spans", "Spans (and snapshot rows) waiting for the writer",
+            registry=self.registry,
+        )
+        self.last_write_s: float | None = None
+        self.last_commit_ns: int | None = None
+        self.started_monotonic = time.monotonic()
+
+    def inc(self, name: str, amount: float = 1) -> None:
+        if amount <= 0:
+            return
+        with self._lock:
+            self._values[name] += amount
+        self._prom[name].inc(amount)
+
+    def value(self, name: str) -> float:
+        with self._lock:
+            return self._values[name]
+
+    def request(self, transport: str, status: str | int) -> None:
+        key = f"{transport}:{status}"
+        with self._lock:
+            self._request_counts[key] = self._request_counts.get(key, 0) + 1
+        self._requests.labels(transport=transport, status=str(status)).inc()
+
+    def commit(self, seconds: float, batches: int) -> None:
+        self._write_seconds.observe(seconds)
+        self._group_batches.observe(batches)
+        with self._lock:
+            self.last_write_s = seconds
+            self.last_commit_ns = time.time_ns()
+
+    def bind_queue_depth(self, fn: Callable[[], float]) -> None:
+        self._queue_depth.set_function(fn)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain numbers for ``/health``."""
+        with self._lock:
+            out: dict[str, Any] = {k: int(v) for k, v in self._values.items()}
+            out["requests"] = dict(sorted(self._request_counts.items()))
+            return out
+
+    def exposition(self) -> bytes:
+        """Prometheus text format of the private registry."""
+        return generate_latest(self.registry)

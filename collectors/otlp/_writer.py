@@ -1,0 +1,186 @@
+"""The writer: one thread owns :class:`audit._store.Store` and commits queued batches in groups.
+
+Exports are put on a queue bounded in spans (snapshot rows count as spans); each carries a
+:class:`~concurrent.futures.Future`. The writer thread takes the first waiting batch, then every
+batch already waiting (up to ``max_group_batches`` / ``max_group_spans``), concatenates them and
+calls ``Store.append`` once: one transaction, one WAL sync for the group. Only when that call has
+returned (the rows are durable) are the futures resolved; if it raises, the group is retried batch
+by batch so that one poisonous batch cannot fail the others, and each batch that still fails has
+its future failed with :class:`WriterUnavailable` (answered 503 / ``UNAVAILABLE``).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+
+from audit._store import Store
+from collectors.otlp._errors import QueueFull, WriterUnavailable
+from collectors.otlp._metrics import Metrics
+from collectors.otlp._status import one_line
+
+log = logging.getLogger("routeaudit.collector")
+
+
+@dataclass
+class _Item:
+    spans: pa.Table | None
+    events: pa.Table | None
+    snapshots: pa.Table | None
+    weight: int
+    future: Future[None]
+
+
+class Writer:
+    """Single writer thread with a bounded queue and group commit.
+
+    :meth:`submit` may be called from any thread and never blocks. ``before_commit`` (a test
+    hook) runs on the writer thread before each group's transaction; it may sleep or raise (a
+    raise fails that group like a store error would).
+    """
+
+    def __init__(self, store: Store, metrics: Metrics, *, queue_max_spans: int,
+                 max_group_batches: int, max_group_spans: int,
+                 before_commit: Callable[[], None] | None = None) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._limit = queue_max_spans
+        self._max_batches = max_group_batches
+        self._max_spans = max_group_spans
+        self._before_commit = before_commit
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._depth = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+        """One line: why the last group failed, None once a group commits again."""
+        metrics.bind_queue_depth(lambda: self.depth)
+
+    @property
+    def depth(self) -> int:
+        """Spans (and snapshot rows) queued and not yet committed."""
+        return self._depth
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="routeaudit-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, spans: pa.Table | None = None, events: pa.Table | None = None,
+               snapshots: pa.Table | None = None) -> Future[None]:
+        """Queue rows for the next group commit; the future resolves once they are durable.
+
+        Raises :class:`QueueFull` when the queue has no room (a batch larger than the whole
+        queue is still taken when the queue is empty, so it is never refused forever) and
+        :class:`WriterUnavailable` once the writer is closing.
+        """
+        weight = (spans.num_rows if spans is not None else 0) + (
+            snapshots.num_rows if snapshots is not None else 0)
+        fut: Future[None] = Future()
+        with self._cond:
+            if self._closing:
+                raise WriterUnavailable("collector is shutting down")
+            if self._depth and self._depth + weight > self._limit:
+                raise QueueFull(
+                    f"write queue full ({self._depth} spans waiting, limit {self._limit}); retry later"
+                )
+            self._queue.append(_Item(spans, events, snapshots, weight, fut))
+            self._depth += weight
+            self._cond.notify()
+        return fut
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new batches, commit everything queued, stop the thread. Safe to call twice."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.error("writer did not finish draining within %.0f s", timeout or 0)
+        # Nothing may wait forever on a future the thread will never resolve.
+        with self._cond:
+            left = list(self._queue)
+            self._queue.clear()
+            self._depth = 0
+        for item in left:
+            if not item.future.done():
+                item.future.set_exception(WriterUnavailable("collector stopped before commit"))
+
+    def _take_group(self) -> list[_Item] | None:
+        with self._cond:
+            while not self._queue and not self._closing:
+                self._cond.wait()
+            if not self._queue:
+                return None  # closing and drained
+            group = [self._queue.popleft()]
+            spans = group[0].weight
+            while (self._queue and len(group) < self._max_batches
+                   and spans + self._queue[0].weight <= self._max_spans):
+                item = self._queue.popleft()
+                group.append(item)
+                spans += item.weight
+            return group
+
+    def _run(self) -> None:
+        while True:
+            group = self._take_group()
+            if group is None:
+                return
+            try:
+                self._commit(group)
+            finally:
+                with self._cond:
+                    self._depth -= sum(item.weight for item in group)
+
+    def _commit(self, group: list[_Item]) -> None:
+        try:
+            self._append(group)
+        except Exception as exc:  # noqa: BLE001 - every failure is answered, none kills the thread
+            self._metrics.inc("commit_failures")
+            self.last_error = one_line(exc)
+            if len(group) == 1:
+                log.error("commit failed: %s", self.last_error)
+                group[0].future.set_exception(WriterUnavailable(f"store write failed: {self.last_error}"))
+                return
+            log.warning("group commit of %d batches failed (%s); retrying one by one",
+                        len(group), self.last_error)
+            for item in group:
+                self._commit([item])
+            return
+        self.last_error = None
+        for item in group:
+            item.future.set_result(None)
+
+    def _append(self, group: list[_Item]) -> None:
+        if self._before_commit is not None:
+            self._before_commit()
+        spans = _concat([i.spans for i in group])
+        events = _concat([i.events for i in group])
+        snaps = _concat([i.snapshots for i in group])
+        t0 = time.perf_counter()
+        new = self._store.append(spans=spans, events=events, snapshots=snaps)
+        seconds = time.perf_counter() - t0
+        n_spans = spans.num_rows if spans is not None else 0
+        self._metrics.commit(seconds, len(group))
+        self._metrics.inc("commits")
+        self._metrics.inc("spans_committed", n_spans)
+        self._metrics.inc("spans_new", new)
+        self._metrics.inc("spans_duplicate", n_spans - new)
+        self._metrics.inc("snapshots_written", snaps.num_rows if snaps is not None else 0)
+
+
+def _concat(tables: list[pa.Table | None]) -> pa.Table | None:
+    present = [t for t in tables if t is not None and t.num_rows]
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+    return pa.concat_tables(present, promote_options="default")

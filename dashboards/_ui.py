@@ -1,0 +1,133 @@
+"""What every page shares: the reader, cached queries, SLO targets, error display, charts.
+
+The Reader is a ``st.cache_resource`` (one per store path; it opens the file read-only per
+query, or asks the running collector). Query results are ``st.cache_data`` entries keyed on the
+store's ``version()`` plus the query's arguments, so a new commit invalidates them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Final
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+import audit
+from audit import queries
+from audit._errors import AuditError
+
+ENV_DB: Final = "ROUTEAUDIT_DB"
+"""Path of the store to show; ``routeaudit dashboard --db PATH`` sets it."""
+
+ENV_TOKEN: Final = "ROUTEAUDIT_DASHBOARD_TOKEN"
+"""When set, the dashboard asks for this token before showing anything."""
+
+DEFAULT_DB: Final = "sample_data/demo.duckdb"
+"""Store used when ``ROUTEAUDIT_DB`` is unset (built by ``routeaudit demo``)."""
+
+CACHE_TTL_S: Final = 30
+CACHE_MAX_ENTRIES: Final = 256
+BUCKETS: Final = 60
+
+NO_REQUESTS: Final = (
+    "No requests in this store yet: is traffic flowing through an instrumented client, router "
+    "or replica, and is `routeaudit collect` receiving it?"
+)
+NO_DECISIONS: Final = "No decision records yet: is the router instrumented?"
+NO_ATTRIBUTION: Final = (
+    "The attribution relations (`attributions`) are not in this store yet: causes show as "
+    "'unattributed'. Run `routeaudit attribute` or upgrade the store."
+)
+
+
+def store_path() -> Path:
+    return Path(os.environ.get(ENV_DB) or DEFAULT_DB)
+
+
+@st.cache_resource(show_spinner=False)
+def _open(path: str) -> audit._store.Reader:
+    return audit.open(path)
+
+
+def reader() -> audit._store.Reader:
+    """The store's reader; shows an explanation and stops the page if there is no store."""
+    path = store_path()
+    if not path.exists():
+        st.error(
+            f"No store at `{path}`. Start `routeaudit collect --db {path}`, run "
+            "`routeaudit demo`, or pass `routeaudit dashboard --db PATH`."
+        )
+        st.stop()
+    try:
+        return _open(str(path))
+    except AuditError as exc:
+        st.error(str(exc))
+        st.stop()
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
+def _cached(path: str, version: str, name: str, args: tuple[Any, ...],
+            kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    # ``version`` is only part of the cache key: a new commit to the store changes it.
+    del version
+    return getattr(queries, name)(_open(path), *args, **dict(kwargs))
+
+
+def query(name: str, *args: Any, **kwargs: Any) -> Any:
+    """``audit.queries.<name>(reader, *args, **kwargs)``, cached; None (and an error shown on
+    the page) when the store answers with an error. Never raises AuditError."""
+    r = reader()
+    try:
+        return _cached(str(r.path), r.version(), name, args, tuple(sorted(kwargs.items())))
+    except AuditError as exc:
+        st.error(f"{name}: {exc}")
+        return None
+
+
+def uncached(name: str, *args: Any, **kwargs: Any) -> Any:
+    """Like :func:`query` without caching (user SQL); AuditError is shown, not raised."""
+    try:
+        return getattr(queries, name)(reader(), *args, **kwargs)
+    except AuditError as exc:
+        st.error(str(exc))
+        return None
+
+
+def has(relation: str, *columns: str) -> bool:
+    rels = query("relation_columns")
+    return bool(rels) and queries.has_relation(reader(), relation, *columns, known=rels)
+
+
+def slo() -> dict[str, float]:
+    """The SLO targets chosen in the sidebar (app.py owns the widgets)."""
+    return {
+        "ttft_ms": float(st.session_state.get("slo_ttft_ms", queries.DEFAULT_SLO["ttft_ms"])),
+        "tpot_ms": float(st.session_state.get("slo_tpot_ms", queries.DEFAULT_SLO["tpot_ms"])),
+    }
+
+
+def empty(df: pl.DataFrame | None) -> bool:
+    return df is None or df.height == 0
+
+
+def fmt_ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:,.0f} ms" if v >= 100 else f"{v:,.1f} ms"
+
+
+def fmt_pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.1f} %"
+
+
+def chart(c: alt.Chart) -> None:
+    st.altair_chart(c, width="stretch")
+
+
+def time_axis(field: str = "bucket", title: str = "time (UTC)") -> alt.X:
+    return alt.X(f"{field}:T", title=title)
+
+
+def y_ms(field: str, title: str) -> alt.Y:
+    return alt.Y(f"{field}:Q", title=f"{title} (ms)")

@@ -1,0 +1,114 @@
+"""Request drill-down: one request's timeline, its routing decision beside the truth, verdict."""
+
+from __future__ import annotations
+
+import altair as alt
+import streamlit as st
+
+from dashboards import _ui
+
+st.title("Request drill-down")
+
+default_id = st.query_params.get("request_id") or st.session_state.get("request_id") or ""
+request_id = st.text_input("Request id", value=default_id, key="drill_request_id").strip()
+if not request_id:
+    st.info("Pick a request on the Slow requests page, or paste a request id (X-Request-Id).")
+    st.stop()
+if st.query_params.get("request_id") != request_id:
+    st.query_params["request_id"] = request_id
+
+detail = _ui.query("request_detail", request_id)
+if detail is None:
+    st.stop()
+if detail.height == 0:
+    st.warning(f"No request `{request_id}` in `requests`.")
+    st.stop()
+r = detail.row(0, named=True)
+slo = _ui.slo()
+
+cols = st.columns(6)
+cols[0].metric("Status", str(r["status"]))
+cols[1].metric("TTFT", _ui.fmt_ms(r["ttft_ms"]),
+               delta=None if r["ttft_ms"] is None else _ui.fmt_ms(r["ttft_ms"] - slo["ttft_ms"]),
+               delta_color="inverse")
+cols[2].metric("TPOT", _ui.fmt_ms(r["tpot_ms"]))
+cols[3].metric("E2E", _ui.fmt_ms(r["e2e_ms"]))
+cols[4].metric("Chosen replica", str(r["chosen_replica"]))
+cols[5].metric("Policy", str(r["policy"]))
+st.caption(f"run `{r['run_id']}` · router `{r['router_id']}` · served by `{r['served_by']}` · "
+           f"attempts {r['attempts']} · input {r['input_tokens']} tokens · output "
+           f"{r['output_tokens']} tokens · sides seen: client={r['has_client']}, "
+           f"router={r['has_router']}, replica={r['has_replica']} · link {r['link_method']}"
+           + (" · ⚠ clock suspect" if r["clock_suspect"] else ""))
+
+st.subheader("Verdict")
+attributions = _ui.query("request_attributions", request_id, slo)
+if attributions is None:
+    pass
+elif attributions.height == 0:
+    if _ui.has("attributions"):
+        st.info("No cause attributed to this request.")
+    else:
+        st.info(_ui.NO_ATTRIBUTION)
+else:
+    top = attributions.row(0, named=True)
+    st.markdown(f"**Primary cause: {top['cause']}**"
+                + (f" ({top['sub_kind']})" if top.get("sub_kind") else "")
+                + f" — {_ui.fmt_ms(top.get('excess_ms'))} excess, confidence "
+                f"{top.get('confidence')}")
+    if top.get("evidence"):
+        st.markdown(f"Evidence ({top.get('evidence_source')}): {top['evidence']}")
+    st.dataframe(attributions, hide_index=True)
+
+st.subheader("Timeline (reference clock)")
+waterfall = _ui.query("request_waterfall", request_id)
+if _ui.empty(waterfall):
+    st.info("No timed spans for this request.")
+else:
+    _ui.chart(alt.Chart(waterfall.to_pandas()).mark_bar().encode(
+        x=alt.X("start_ms:Q", title="time since the request's first span (ms)"),
+        x2="end_ms:Q",
+        y=alt.Y("phase:N", title=None, sort=None),
+        color=alt.Color("lane:N", title="side"),
+        tooltip=["lane:N", "phase:N", alt.Tooltip("start_ms:Q", format=",.1f"),
+                 alt.Tooltip("duration_ms:Q", format=",.1f")],
+    ).properties(height=max(120, 28 * waterfall.height)))
+
+st.subheader("Decision record")
+decisions = _ui.query("request_decisions", request_id)
+if _ui.empty(decisions):
+    st.info(_ui.NO_DECISIONS)
+else:
+    for d in decisions.iter_rows(named=True):
+        st.markdown(f"Attempt {d['attempt']}: router `{d['router_id']}` ({d['policy']}) chose "
+                    f"**{d['chosen_replica']}** because *{d['reason']}* → {d['outcome']}"
+                    + ("" if d["recorded"] in (None, True) else " (reconstructed from snapshots)"))
+    candidates = _ui.query("request_candidates", request_id)
+    if _ui.empty(candidates):
+        st.info("The decision carries no candidate records.")
+    else:
+        st.caption("Left: what the router saw (telemetry, estimates, score). Right: the true "
+                   "state at the decision instant (requests executing on the replica; latest "
+                   "scrape).")
+        st.dataframe(candidates, hide_index=True, column_config={
+            "telemetry_age_ms": st.column_config.NumberColumn("telemetry age (ms)",
+                                                              format="%.0f"),
+            "est_queue_ms": st.column_config.NumberColumn("est. queue (ms)", format="%.0f"),
+            "est_prefill_ms": st.column_config.NumberColumn("est. prefill (ms)", format="%.0f"),
+            "scrape_age_ms": st.column_config.NumberColumn("scrape age (ms)", format="%.0f"),
+        })
+
+st.subheader("Cached tokens: predicted vs actual")
+cols = st.columns(3)
+cols[0].metric("Predicted cached tokens", "–" if r["predicted_cached_tokens"] is None
+               else f"{r['predicted_cached_tokens']:,}")
+cols[1].metric("Actual cached tokens", "–" if r["actual_cached_tokens"] is None
+               else f"{r['actual_cached_tokens']:,}")
+cols[2].metric("Input tokens", "–" if r["input_tokens"] is None else f"{r['input_tokens']:,}")
+
+with st.expander("Raw spans (each emitter's own clock)"):
+    spans = _ui.query("request_spans", request_id)
+    if _ui.empty(spans):
+        st.info("No raw spans carry this request id or trace.")
+    else:
+        st.dataframe(spans, hide_index=True)

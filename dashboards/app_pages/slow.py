@@ -1,0 +1,110 @@
+"""Slow requests: which requests missed the SLO, their primary cause, excess and evidence."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import altair as alt
+import streamlit as st
+
+from dashboards import _ui
+
+ALL = "(all)"
+
+st.title("Slow requests")
+slo = _ui.slo()
+st.caption(f"Requests that succeeded but missed TTFT ≤ {slo['ttft_ms']:,.0f} ms or "
+           f"TPOT ≤ {slo['tpot_ms']:,.0f} ms. Pick a row to open its drill-down.")
+
+opts = _ui.query("filter_options", slo)
+if opts is None:
+    st.stop()
+if opts["first_at"] is None:
+    st.info(_ui.NO_REQUESTS)
+    st.stop()
+attributed = _ui.has("attributions", "request_id", "cause", "excess_ms", "is_primary")
+if not attributed:
+    st.info(_ui.NO_ATTRIBUTION)
+
+
+def pick(col: st.delta_generator.DeltaGenerator, label: str, choices: list[str]) -> str | None:
+    value = col.selectbox(label, [ALL, *choices], key=f"slow_{label}")
+    return None if value == ALL else value
+
+
+cols = st.columns(5)
+replica = pick(cols[0], "Replica", opts["replicas"])
+router = pick(cols[1], "Router", opts["routers"])
+policy = pick(cols[2], "Policy", opts["policies"])
+run = pick(cols[3], "Run", opts["runs"])
+cause = pick(cols[4], "Cause", opts["causes"] if attributed else ["unattributed"])
+
+start: datetime | None = None
+end: datetime | None = None
+first, last = opts["first_at"], opts["last_at"]
+if (last - first) >= timedelta(seconds=2):
+    window = st.slider("Time window (UTC)", min_value=first.astimezone(timezone.utc),
+                       max_value=last.astimezone(timezone.utc),
+                       value=(first.astimezone(timezone.utc), last.astimezone(timezone.utc)),
+                       step=timedelta(seconds=1), format="YYYY-MM-DD HH:mm:ss",
+                       key="slow_window")
+    if window != (first, last):
+        start, end = window
+
+filters = dict(start=start, end=end, replica=replica, router=router, policy=policy, run=run,
+               cause=cause)
+breakdown = _ui.query("slow_cause_breakdown", slo, **filters)
+table = _ui.query("slow_requests", slo, **filters)
+if breakdown is None or table is None:
+    st.stop()
+if breakdown.height == 0:
+    st.success("No slow requests for these filters and SLO targets.")
+    st.stop()
+
+total = int(breakdown["requests"].sum())
+cols = st.columns(3)
+cols[0].metric("Slow requests", f"{total:,}")
+cols[1].metric("Total excess", _ui.fmt_ms(float(breakdown["total_excess_ms"].sum())))
+cols[2].metric("Top cause", str(breakdown["cause"][0]))
+
+st.subheader("Causes")
+left, right = st.columns(2)
+bd = breakdown.to_pandas()
+with left:
+    _ui.chart(alt.Chart(bd).mark_bar().encode(
+        x=alt.X("requests:Q", title="slow requests (count)"),
+        y=alt.Y("cause:N", title="primary cause", sort="-x"),
+        tooltip=["cause:N", "requests:Q", alt.Tooltip("share:Q", format=".1%")],
+    ).properties(title="By count", height=max(80, 30 * len(bd))))
+with right:
+    _ui.chart(alt.Chart(bd).mark_bar(color="#d62728").encode(
+        x=alt.X("total_excess_ms:Q", title="total excess (ms)"),
+        y=alt.Y("cause:N", title="primary cause", sort="-x"),
+        tooltip=["cause:N", alt.Tooltip("total_excess_ms:Q", format=",.0f")],
+    ).properties(title="By total excess ms", height=max(80, 30 * len(bd))))
+
+st.subheader(f"Worst {table.height} slow requests")
+event = st.dataframe(
+    table,
+    hide_index=True,
+    on_select="rerun",
+    selection_mode="single-row",
+    key="slow_table",
+    column_config={
+        "client_start": st.column_config.DatetimeColumn("sent (UTC)"),
+        "ttft_ms": st.column_config.NumberColumn("TTFT (ms)", format="%.0f"),
+        "tpot_ms": st.column_config.NumberColumn("TPOT (ms)", format="%.1f"),
+        "over_slo_ms": st.column_config.NumberColumn("over SLO (ms)", format="%.0f"),
+        "excess_ms": st.column_config.NumberColumn("attributed excess (ms)", format="%.0f"),
+    },
+)
+rows = event.selection.rows if event is not None else []
+if rows:
+    chosen = str(table["request_id"][rows[0]])
+    st.session_state["request_id"] = chosen
+    st.switch_page("app_pages/request.py", query_params={"request_id": chosen})
+
+pick_id = st.selectbox("Or open a request", table["request_id"].to_list(), key="slow_pick")
+if pick_id:
+    st.page_link("app_pages/request.py", label=f"Drill down into {pick_id} →",
+                 query_params={"request_id": pick_id})

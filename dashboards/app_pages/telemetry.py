@@ -1,0 +1,56 @@
+"""Telemetry: how old the routers' view of the replicas was when they decided; herding."""
+
+from __future__ import annotations
+
+import altair as alt
+import streamlit as st
+
+from dashboards import _ui
+
+st.title("Telemetry")
+st.caption("Telemetry age: how old each candidate's load data was at the decision instant.")
+
+by_router = _ui.query("telemetry_age_by_router")
+if by_router is None:
+    st.stop()
+if by_router.height == 0:
+    st.info(_ui.NO_DECISIONS + " (or its candidates carry no telemetry age)")
+else:
+    cols = st.columns(max(1, min(by_router.height, 4)))
+    for i, row in enumerate(by_router.head(4).iter_rows(named=True)):
+        cols[i].metric(f"{row['router_id']} age p99", _ui.fmt_ms(row["age_p99"]),
+                       help=f"p50 {_ui.fmt_ms(row['age_p50'])}, {row['candidates']:,} candidates")
+    st.dataframe(by_router, hide_index=True)
+    over_time = _ui.query("telemetry_age_over_time", _ui.BUCKETS)
+    if not _ui.empty(over_time):
+        long = over_time.unpivot(index=["bucket", "router_id"], variable_name="percentile",
+                                 value_name="age_ms")
+        _ui.chart(alt.Chart(long.to_pandas()).mark_line().encode(
+            x=_ui.time_axis(), y=_ui.y_ms("age_ms", "telemetry age"),
+            color=alt.Color("router_id:N", title="router"),
+            strokeDash=alt.StrokeDash("percentile:N", title="percentile"),
+            tooltip=["bucket:T", "router_id:N", "percentile:N",
+                     alt.Tooltip("age_ms:Q", format=",.0f")],
+        ).properties(title="Telemetry age at decision time", height=300))
+
+st.subheader("Herding episodes")
+if not _ui.has("herding_episodes"):
+    st.info("The `herding_episodes` relation is not in this store yet (attribution layer).")
+else:
+    episodes = _ui.query("herding_episodes")
+    if _ui.empty(episodes):
+        st.success("No herding episodes detected.")
+    else:
+        cols = episodes.columns
+        start = next((c for c in ("start_at", "started_at", "start", "first_at") if c in cols),
+                     None)
+        end = next((c for c in ("end_at", "ended_at", "end", "last_at") if c in cols), None)
+        lane = next((c for c in ("replica", "target_replica", "router_id") if c in cols), None)
+        if start and end:
+            enc = dict(x=alt.X(f"{start}:T", title="time (UTC)"), x2=f"{end}:T",
+                       tooltip=[alt.Tooltip(c) for c in cols[:8]])
+            if lane:
+                enc["y"] = alt.Y(f"{lane}:N", title=lane.replace("_", " "))
+            _ui.chart(alt.Chart(episodes.to_pandas()).mark_bar(height=14).encode(**enc)
+                      .properties(title="Episodes", height=max(100, 40 * episodes.height)))
+        st.dataframe(episodes, hide_index=True)

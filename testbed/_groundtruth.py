@@ -1,0 +1,216 @@
+"""Ground-truth labels from the simulator's true state (rules in docs/testbed.md).
+
+Counterfactual TTFTs (what another replica would have given) are estimates: the cost model's
+Q+P on the *true* state at decision time (true backlog, true cache, true speed). Actual TTFT is
+measured. Each cause gets an attributed number of milliseconds; a cause is assigned when the
+request is slow and its share is significant; the primary cause is the largest share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._sim import Record, Simulation
+
+__all__ = ["CAUSES", "ground_truth_row", "label_record", "write_ground_truth"]
+
+CAUSES = ("misrouting", "eviction", "stale_telemetry", "overload", "slow_replica", "long_prompt")
+"""Cause labels besides ``none``, in tie-break order for the primary cause."""
+
+
+def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
+    lc = sim.cfg.labels
+    cost = sim.cfg.cost
+    req = rec.req
+    ch = rec.choice
+    n = len(rec.est)
+    est_ttft = [q + p for q, p in rec.est]
+    best = min(range(n), key=lambda i: (est_ttft[i], i))
+    max_cached = max(rec.true_cached) if rec.true_cached else 0
+    iq, ip = cost.estimate_ms(
+        backlog_prefill_tokens=0, n_running=0, uncached_tokens=req.input_tokens - max_cached,
+        cached_tokens=max_cached, max_batched_tokens=sim.cfg.replica.max_batched_tokens,
+    )
+    ideal = iq + ip
+    out: dict[str, Any] = {
+        "best_alternative": sim.replicas[best].id,
+        "best_alternative_est_ttft_ms": est_ttft[best],
+        "ideal_ttft_ms": ideal,
+        "cause_ms": dict.fromkeys(CAUSES, 0.0),
+        "stale_subcause": None,
+    }
+    cause_ms: dict[str, float] = out["cause_ms"]
+    if ch is None or ch.index is None:  # rejected: the fleet had no admissible room
+        out.update(slow=True, causes=["overload"], primary_cause="overload", cache_outcome=None,
+                   lost_cached_tokens=0, actual_ttft_ms=None, chosen_est_ttft_ms=None)
+        cause_ms["overload"] = float("inf")
+        return out
+    c = ch.index
+    seq = rec.seq
+    # -- cache outcome on the chosen replica
+    pred = rec.predicted[c]
+    at_dec = rec.true_cached[c]
+    actual_cached = (seq.cached_first or 0) if seq is not None else 0
+    if seq is not None and seq.cached_first is None:
+        actual_cached = 0
+    admitted = seq is not None and seq.t_admit is not None
+    evicted_after = max(0, at_dec - actual_cached) if admitted else 0
+    # the router believed in blocks the replica no longer had (its tree outlived an eviction)
+    stale_view = max(0, min(pred, req.input_tokens - 1) - max(at_dec, actual_cached)) if admitted else 0
+    bt = req.block_tokens
+    lost = 0
+    if evicted_after >= bt or (evicted_after > 0 and evicted_after >= at_dec):
+        outcome = "evicted_before_prefill"
+        lost = evicted_after + stale_view
+    elif stale_view >= bt:
+        outcome = "never_present"
+        lost = stale_view
+    elif pred > 0:
+        outcome = "as_predicted"
+    elif actual_cached > 0:
+        outcome = "unpredicted_hit"
+    else:
+        outcome = "no_prediction"
+    out["cache_outcome"] = outcome
+    out["lost_cached_tokens"] = lost
+    # -- actual TTFT (or its lower bound when cancelled before the first token)
+    if seq is not None and seq.t_first_token is not None:
+        actual = (seq.t_first_token - req.arrival_s) * 1000.0
+        out["actual_ttft_ms"] = actual
+    else:
+        end = seq.t_finish if seq is not None and seq.t_finish is not None else rec.t_decide
+        actual = (end - req.arrival_s) * 1000.0
+        out["actual_ttft_ms"] = None
+    out["chosen_est_ttft_ms"] = est_ttft[c]
+    slow = out["actual_ttft_ms"] is None or actual > lc.ttft_slo_ms
+    out["slow"] = slow
+    # -- attributed milliseconds per cause
+    tl = rec.d_true_load
+    if tl is not None and tl != c:
+        cause_ms["stale_telemetry"] = max(0.0, est_ttft[c] - est_ttft[tl])
+    margin = max(lc.min_cause_ms, lc.min_cause_frac * actual)
+    after_stale = est_ttft[tl] if (tl is not None and cause_ms["stale_telemetry"] >= margin) else est_ttft[c]
+    cause_ms["misrouting"] = max(0.0, after_stale - est_ttft[best])
+    if lost:
+        speed = rec.speed
+        cause_ms["eviction"] = cost.prefill_chunk_ms(actual_cached, lost) / speed
+    cause_ms["overload"] = min(q for q, _ in rec.est)
+    if rec.speed < lc.slow_replica_speed:
+        cause_ms["slow_replica"] = actual * (1.0 - rec.speed)
+    if ideal >= lc.long_prompt_frac * lc.ttft_slo_ms:
+        cause_ms["long_prompt"] = ideal
+    causes: list[str] = []
+    if slow:
+        causes = [k for k in CAUSES if cause_ms[k] >= margin]
+    if "stale_telemetry" in causes:
+        if rec.unseen_other > 0 and len(sim.routers) > 1:
+            out["stale_subcause"] = "herding"
+        elif rec.unseen_own > 0 and not sim.cfg.router.pending_correction:
+            out["stale_subcause"] = "own_pending"
+        else:
+            out["stale_subcause"] = "telemetry_age"
+    if causes:
+        primary = max(causes, key=lambda k: (cause_ms[k], -CAUSES.index(k)))
+    else:
+        primary = "none"
+        causes = ["none"]
+    out["causes"] = causes
+    out["primary_cause"] = primary
+    return out
+
+
+def ground_truth_row(rec: Record, sim: Simulation) -> dict[str, Any]:
+    req = rec.req
+    ch = rec.choice
+    lab = rec.labels
+    seq = rec.seq
+    reps = sim.replicas
+    c = None if ch is None else ch.index
+    true_state = []
+    for i, s in enumerate(rec.true_snaps):
+        q, p = rec.est[i]
+        true_state.append({
+            "replica": s.replica, "waiting": s.waiting, "running": s.running,
+            "remaining_tokens": s.remaining_tokens,
+            "remaining_prefill_tokens": s.remaining_prefill_tokens, "kv_usage": s.kv_usage,
+            "cached_tokens": rec.true_cached[i], "est_queue_ms": q, "est_prefill_ms": p,
+            "est_ttft_ms": q + p, "speed": reps[i].cfg.speed,
+        })
+    seen_state = []
+    for v in rec.seen:
+        seen_state.append({
+            "replica": v.replica, "eligible": v.eligible, "waiting": v.waiting,
+            "running": v.running, "remaining_tokens": v.remaining_tokens,
+            "telemetry_age_ms": v.age_s * 1000.0, "pending": v.pending,
+            "predicted_cached_tokens": v.predicted_cached_tokens,
+            "est_queue_ms": v.est_queue_ms, "est_prefill_ms": v.est_prefill_ms,
+            "score": (ch.scores[v.index] if ch is not None and ch.scores else None),
+        })
+    rid = lambda i: None if i is None else reps[i].id  # noqa: E731
+    cm = lab.get("cause_ms", {})
+    row: dict[str, Any] = {
+        "run_id": sim.run_id,
+        "scenario": sim.scenario,
+        "request_id": sim.wire_id(req.request_id),
+        "router_id": sim.routers[rec.router].id,
+        "policy": sim.routers[rec.router].policy.name,
+        "arrival_s": req.arrival_s,
+        "decided_s": rec.t_decide,
+        "input_tokens": req.input_tokens,
+        "output_tokens": req.output_tokens,
+        "max_tokens": req.max_tokens,
+        "outcome": "rejected" if c is None else "routed",
+        "chosen": rid(c),
+        "reason": None if ch is None else ch.reason,
+        "true_state": true_state,
+        "seen_state": seen_state,
+        "decision_on_true_load": rid(rec.d_true_load),
+        "decision_on_true_state": rid(rec.d_oracle),
+        "changes_on_true_load": c is not None and rec.d_true_load != c,
+        "changes_on_true_state": c is not None and rec.d_oracle != c,
+        "predicted_cached_tokens": None if c is None else rec.predicted[c],
+        "cached_at_decision_tokens": None if c is None else rec.true_cached[c],
+        "actual_cached_tokens": None if seq is None else seq.cached_first,
+        "cache_outcome": lab.get("cache_outcome"),
+        "lost_cached_tokens": lab.get("lost_cached_tokens", 0),
+        "best_alternative": lab.get("best_alternative"),
+        "best_alternative_est_ttft_ms": lab.get("best_alternative_est_ttft_ms"),
+        "chosen_est_ttft_ms": lab.get("chosen_est_ttft_ms"),
+        "ideal_ttft_ms": lab.get("ideal_ttft_ms"),
+        "actual_ttft_ms": lab.get("actual_ttft_ms"),
+        "queue_ms": None if seq is None or seq.t_admit is None else (seq.t_admit - req.arrival_s) * 1000.0,
+        "e2e_ms": None if seq is None or seq.t_finish is None else (seq.t_finish - req.arrival_s) * 1000.0,
+        "generated_tokens": None if seq is None else seq.generated,
+        "finish_reason": None if seq is None else seq.finish_reason,
+        "preemptions": 0 if seq is None else seq.preemptions,
+        "chosen_speed": None if c is None else reps[c].cfg.speed,
+        "unseen_assignments_own": rec.unseen_own,
+        "unseen_assignments_other_routers": rec.unseen_other,
+        "slow": bool(lab.get("slow")),
+        "causes": list(lab.get("causes", ["none"])),
+        "primary_cause": lab.get("primary_cause", "none"),
+        "stale_subcause": lab.get("stale_subcause"),
+    }
+    for k in ("misrouting", "eviction", "stale_telemetry", "overload", "slow_replica", "long_prompt"):
+        v = cm.get(k, 0.0)
+        row[f"cause_ms_{k}"] = None if v == float("inf") else v
+    return row
+
+
+def write_ground_truth(rows: list[dict[str, Any]], path: str | os.PathLike[str]) -> None:
+    """Write rows as JSONL (``.jsonl``/``.json``) or Parquet (``.parquet``)."""
+    p = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+    if p.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), p)
+        return
+    with open(p, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, separators=(",", ":")))
+            f.write("\n")

@@ -1,0 +1,177 @@
+"""OTel implementation of :class:`~testbed.emit.SpanEmitter`.
+
+One ``TracerProvider`` per emitting component (the client, each router, each replica), each with
+resource attributes ``service.name``, ``service.instance.id``, ``routeaudit.run.id`` and
+``routeaudit.replica.id`` / ``routeaudit.router.id``, all exporting to one ``SpanExporter``.
+Spans carry simulated timestamps; collectors' after-the-fact APIs build them, so the spans are
+the same shape a live fleet would send.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from audit import semconv as sc
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from .emit import RequestTrace
+
+__all__ = ["OTelEmitter"]
+
+_LOG = logging.getLogger("testbed.emit")
+
+
+class _Unclosable:
+    """The one exporter every provider shares: providers may flush it, only the emitter closes it."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self._exporter = exporter
+
+    def export(self, spans: Any) -> Any:
+        return self._exporter.export(spans)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self._exporter.force_flush(timeout_millis))
+
+    def shutdown(self) -> None:
+        pass
+
+
+class OTelEmitter:
+    """Emit client, decision + forward, and replica spans for each finished request.
+
+    ``exporter``: any SDK ``SpanExporter`` (OTLP to a collector, or ``InMemorySpanExporter``).
+    ``batch``: use a ``BatchSpanProcessor`` (else ``SimpleSpanProcessor``, synchronous).
+    Failures are logged and counted in ``errors``; they never reach the simulator.
+    """
+
+    def __init__(self, exporter: SpanExporter, *, batch: bool = True, endpoint: str = "/v1/completions") -> None:
+        self.exporter = exporter
+        self.batch = batch
+        self.endpoint = endpoint
+        self.errors = 0
+        self._providers: dict[tuple[str, str], TracerProvider] = {}
+        self._recorders: dict[str, Any] = {}
+        self._closed = False
+
+    def _provider(self, component: str, instance: str, run_id: str) -> TracerProvider:
+        key = (component, instance)
+        tp = self._providers.get(key)
+        if tp is None:
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+            attrs: dict[str, Any] = {
+                sc.SERVICE_NAME: f"testbed-{component}",
+                sc.SERVICE_INSTANCE_ID: instance,
+                sc.RUN_ID: run_id,
+                sc.HOST_NAME: instance,  # one virtual clock, but one "host" per component
+            }
+            if component == "replica":
+                attrs[sc.REPLICA_ID] = instance
+            elif component == "router":
+                attrs[sc.ROUTER_ID] = instance
+            tp = TracerProvider(resource=Resource.create(attrs))
+            shared = _Unclosable(self.exporter)
+            proc = BatchSpanProcessor(shared) if self.batch else SimpleSpanProcessor(shared)
+            tp.add_span_processor(proc)
+            self._providers[key] = tp
+        return tp
+
+    def emit(self, t: RequestTrace) -> None:
+        if self._closed:
+            return
+        try:
+            self._emit(t)
+        except Exception:  # never break the simulation
+            self.errors += 1
+            _LOG.warning("OTelEmitter: emitting %s failed", t.request_id, exc_info=True)
+
+    def _emit(self, t: RequestTrace) -> None:
+        from collectors.client import record_client_request
+        from collectors.replica import record_execution
+        from collectors.router import Candidate, DecisionRecord, DecisionRecorder
+
+        client_tp = self._provider("client", "client-0", t.run_id)
+        ctx = record_client_request(
+            t.request_id, start_ns=t.send_ns, end_ns=t.end_ns, first_token_ns=t.first_token_ns,
+            output_tokens=t.output_tokens, prompt_tokens=t.input_tokens,
+            cached_tokens=t.cached_tokens, finish_reason=t.finish_reason, status=t.status,
+            http_status=429 if t.status == "rejected" else 200, endpoint=self.endpoint,
+            model=t.model, max_tokens=t.max_tokens, input_tokens=t.input_tokens,
+            run_id=t.run_id, tracer_provider=client_tp,
+        )
+        rec = self._recorders.get(t.router_id)
+        if rec is None:
+            rec = DecisionRecorder(policy=t.policy, router_id=t.router_id,
+                                   tracer_provider=self._provider("router", t.router_id, t.run_id))
+            self._recorders[t.router_id] = rec
+        cands = [
+            Candidate(
+                replica=c.replica, eligible=c.eligible, excluded_reason=c.excluded_reason,
+                waiting=c.waiting, running=c.running, kv_usage=c.kv_usage,
+                remaining_tokens=c.remaining_tokens, telemetry_ts_ns=c.telemetry_ts_ns,
+                pending=c.pending, predicted_cached_tokens=c.predicted_cached_tokens,
+                est_queue_ms=c.est_queue_ms, est_prefill_ms=c.est_prefill_ms, score=c.score,
+            )
+            for c in t.candidates
+        ]
+        routed = t.outcome == "routed"
+        fwd_end = t.replica_finish_ns if routed else None
+        dctx = rec.record(
+            DecisionRecord(
+                request_id=t.request_id, decided_ns=t.decided_ns, candidates=cands,
+                chosen=t.chosen, reason=t.reason, outcome=t.outcome, attempt=0, model=t.model,
+                input_tokens=t.input_tokens, max_tokens=t.max_tokens,
+                prefix_hashes=list(t.prefix_hashes), stream=True, endpoint=self.endpoint,
+                parent_context=ctx,
+                forward_url=f"http://{t.chosen}{self.endpoint}" if routed else None,
+                forward_start_ns=t.decided_ns if routed else None, forward_end_ns=fwd_end,
+                forward_http_status=200 if routed else None,
+                start_ns=t.send_ns, end_ns=t.decided_ns,
+            )
+        )
+        if not routed or t.replica is None or t.replica_arrival_ns is None:
+            return
+        record_execution(
+            request_id=t.request_id, replica_id=t.replica, start_ns=t.replica_arrival_ns,
+            end_ns=t.replica_finish_ns or t.end_ns, parent_context=dctx, endpoint=self.endpoint,
+            prompt_tokens=t.input_tokens, completion_tokens=t.output_tokens,
+            cached_tokens=t.cached_tokens, finish_reason=t.finish_reason,
+            max_tokens=t.max_tokens, model=t.model, queued_ns=t.replica_arrival_ns,
+            scheduled_ns=t.replica_admit_ns, first_token_ns=t.replica_first_token_ns,
+            last_token_ns=t.replica_finish_ns, preemptions=t.preemptions,
+            status="ok" if t.status == "ok" else "cancelled",
+            tracer_provider=self._provider("replica", t.replica, t.run_id),
+        )
+
+    def close(self) -> None:
+        """Flush and shut down every provider (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        # Every provider shares one exporter: flush them all before any shutdown closes it.
+        for tp in self._providers.values():
+            try:
+                if not tp.force_flush():
+                    self.errors += 1
+                    _LOG.warning("OTelEmitter: flush timed out; spans may be missing")
+            except Exception:
+                self.errors += 1
+                _LOG.warning("OTelEmitter: flush failed", exc_info=True)
+        for tp in self._providers.values():
+            try:
+                tp.shutdown()
+            except Exception:
+                self.errors += 1
+                _LOG.warning("OTelEmitter: shutdown failed", exc_info=True)
+        try:
+            self.exporter.shutdown()
+        except Exception:
+            self.errors += 1
+            _LOG.warning("OTelEmitter: exporter shutdown failed", exc_info=True)

@@ -1,0 +1,137 @@
+"""The reference router: telemetry snapshots with their age, pending assignments, a prefix view.
+
+A router never touches a replica; it is handed snapshots by the telemetry poller and returns
+decisions. It owns its policy instance, its rng, its pending list and its prefix tree, so several
+independent routers (herding) are just several instances.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Sequence
+
+from ._config import CostModel, RouterConfig
+from ._prefix_tree import PrefixTree
+from ._replica import Snapshot
+from ._requests import Request
+from .policies import CandidateView, Choice, RequestView, make_policy
+
+__all__ = ["Router", "build_views"]
+
+
+def build_views(
+    req: Request,
+    snaps: Sequence[Snapshot],
+    now: float,
+    *,
+    pending: Sequence[int],
+    pending_tokens: Sequence[int],
+    pending_prefill: Sequence[int],
+    predicted: Sequence[int],
+    cost: CostModel,
+    max_batched_tokens: int,
+    admission_limit: int | None,
+) -> list[CandidateView]:
+    """Candidate rows for a policy from snapshots plus pending work and cache predictions."""
+    out: list[CandidateView] = []
+    inp = req.input_tokens
+    for i, s in enumerate(snaps):
+        pc = predicted[i]
+        q, p = cost.estimate_ms(
+            backlog_prefill_tokens=s.remaining_prefill_tokens + pending_prefill[i],
+            n_running=s.running,
+            uncached_tokens=inp - min(pc, inp - 1) if inp > 0 else 0,
+            cached_tokens=min(pc, max(0, inp - 1)),
+            max_batched_tokens=max_batched_tokens,
+        )
+        eligible = admission_limit is None or s.waiting + pending[i] < admission_limit
+        out.append(
+            CandidateView(
+                index=i, replica=s.replica, eligible=eligible, waiting=s.waiting,
+                running=s.running, kv_usage=s.kv_usage,
+                remaining_prefill_tokens=s.remaining_prefill_tokens,
+                remaining_tokens=s.remaining_tokens, telemetry_ts=s.ts, age_s=now - s.ts,
+                pending=pending[i], pending_tokens=pending_tokens[i], predicted_cached_tokens=pc,
+                est_queue_ms=q, est_prefill_ms=p,
+            )
+        )
+    return out
+
+
+class Router:
+    """One router instance."""
+
+    def __init__(
+        self,
+        index: int,
+        router_id: str,
+        cfg: RouterConfig,
+        cost: CostModel,
+        n_replicas: int,
+        max_batched_tokens: int,
+        expected_output_tokens: int,
+        rng: random.Random,
+    ) -> None:
+        self.index = index
+        self.id = router_id
+        self.cfg = cfg
+        self.cost = cost
+        self.n = n_replicas
+        self.mbt = max_batched_tokens
+        self.exp_out = expected_output_tokens
+        self.rng = rng
+        self.policy = make_policy(cfg.policy, cfg, cost, max_batched_tokens)
+        self.tree = PrefixTree(n_replicas, cfg.tree_max_tokens) if self.policy.uses_prefix else None
+        self.snapshots: list[Snapshot] = []
+        # per replica: (time the replica has it, prefill tokens, total tokens), oldest first
+        self.pending: list[deque[tuple[float, int, int]]] = [deque() for _ in range(n_replicas)]
+        self._last_evict = 0.0
+
+    def on_telemetry(self, snaps: list[Snapshot], now: float) -> None:
+        """New snapshots: forget pending assignments they already reflect."""
+        self.snapshots = snaps
+        for i, s in enumerate(snaps):
+            dq = self.pending[i]
+            while dq and dq[0][0] < s.ts:  # a poll at the arrival instant runs first
+                dq.popleft()
+        if self.tree is not None and now - self._last_evict >= self.cfg.tree_eviction_interval_s:
+            self.tree.evict()
+            self._last_evict = now
+
+    def predicted(self, req: Request) -> list[int]:
+        if self.tree is None:
+            return [0] * self.n
+        return [self.tree.match_tokens(i, req) for i in range(self.n)]
+
+    def pending_sums(self) -> tuple[list[int], list[int], list[int]]:
+        if not self.cfg.pending_correction:
+            z = [0] * self.n
+            return z, z, z
+        cnt = [len(d) for d in self.pending]
+        pre = [sum(x[1] for x in d) for d in self.pending]
+        tot = [sum(x[2] for x in d) for d in self.pending]
+        return cnt, tot, pre
+
+    def views(self, req: Request, now: float, predicted: list[int]) -> list[CandidateView]:
+        cnt, tot, pre = self.pending_sums()
+        return build_views(
+            req, self.snapshots, now, pending=cnt, pending_tokens=tot, pending_prefill=pre,
+            predicted=predicted, cost=self.cost, max_batched_tokens=self.mbt,
+            admission_limit=self.cfg.admission_limit,
+        )
+
+    @staticmethod
+    def request_view(req: Request) -> RequestView:
+        return RequestView(req.request_id, req.input_tokens, req.max_tokens)
+
+    def commit(self, req: Request, choice: Choice, predicted: list[int], reach_time: float) -> None:
+        """Record the decision actually taken: policy state, pending work, prefix tree."""
+        self.policy.commit(choice)
+        i = choice.index
+        if i is None:
+            return
+        pre = req.input_tokens - min(predicted[i], req.input_tokens)
+        self.pending[i].append((reach_time, pre, pre + min(req.max_tokens, self.exp_out)))
+        if self.tree is not None:
+            self.tree.insert(i, req)

@@ -1,0 +1,40 @@
+"""Fixtures for the SQL relation tests (helpers live in relation_rows.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from relation_rows import RawRows, store_from_pb
+
+from audit._store import Store
+
+
+@pytest.fixture
+def make_store(tmp_path: Path) -> Iterator[Callable[..., Store]]:
+    """Build a store from RawRows (optionally appended in several batches)."""
+    stores: list[Store] = []
+
+    def build(*batches: RawRows, name: str = "audit.duckdb") -> Store:
+        store = Store(tmp_path / name)
+        stores.append(store)
+        for rows in batches:
+            spans, events = rows.tables()
+            store.append(spans=spans, events=events)
+        return store
+
+    yield build
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture(scope="session")
+def all_captures_store(captures: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """One store holding every OTLP capture."""
+    store = store_from_pb(
+        tmp_path_factory.mktemp("captures") / "all.duckdb",
+        sorted((captures / "otlp").glob("*.pb")),
+    )
+    yield store
+    store.close()

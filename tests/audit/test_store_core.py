@@ -1,0 +1,139 @@
+"""The store's write path, the read-only guard and SLO settings (no collector involved)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import audit
+from audit._errors import QueryError, ReadOnlyError, StoreError
+from audit._readonly import check_read_only
+from audit._store import Store
+from audit.schema import RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA
+from collectors.otlp._decode import decode, parse_protobuf
+
+
+def _span(span_id: str, name: str = "s") -> dict[str, object]:
+    return dict(trace_id="ab" * 16, span_id=span_id, name=name, kind="internal",
+                start_ns=1_795_939_000_000_000_000, end_ns=1_795_939_000_100_000_000,
+                status_code="unset", received_ns=time.time_ns(), event_count=0)
+
+
+def _spans(*ids: str) -> pa.Table:
+    return pa.Table.from_pylist([_span(i) for i in ids], schema=RAW_SPANS_SCHEMA)
+
+
+def test_duplicates_are_stored_once_within_and_across_batches(store_path: Path) -> None:
+    store = Store(store_path)
+    assert store.append(_spans("0000000000000001", "0000000000000001", "0000000000000002")) == 2
+    assert store.append(_spans("0000000000000002", "0000000000000003")) == 1
+    store.close()
+    store.close()  # closing twice is harmless
+    rows = audit.open(store_path).query("select span_id from raw_spans order by span_id")
+    assert rows["span_id"].to_list() == ["0000000000000001", "0000000000000002", "0000000000000003"]
+
+
+def test_committed_rows_survive_without_close(store_path: Path, tmp_path: Path) -> None:
+    # A child process appends, then dies without closing: the WAL must carry the rows.
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, time, pyarrow as pa\n"
+        "from audit._store import Store\nfrom audit.schema import RAW_SPANS_SCHEMA\n"
+        f"s = Store({str(store_path)!r})\n"
+        f"row = {_span('00000000000000aa')!r}\n"
+        "s.append(pa.Table.from_pylist([row], schema=RAW_SPANS_SCHEMA))\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+    assert audit.open(store_path).query("select count(*) as n from raw_spans")["n"][0] == 1
+
+
+def test_captures_decode_into_raw_tables(store_path: Path, captures: Path) -> None:
+    store = Store(store_path)
+    total = 0
+    for pb in sorted((captures / "otlp").glob("*.pb")):
+        batch = decode(parse_protobuf(pb.read_bytes()), time.time_ns())
+        assert batch.rejected == []
+        total += store.append(batch.spans, batch.events)
+    store.close()
+    reader = audit.open(store_path)
+    assert reader.query("select count(*) as n from raw_spans")["n"][0] == total == 121
+    urls = reader.query(
+        "select distinct e_url from raw_span_events where name = 'Sending request' order by 1")
+    assert urls["e_url"].to_list() == ["http://127.0.0.1:18001", "http://127.0.0.1:18002"]
+    # vllm-router sends status codes and ports as strings: typed columns hold integers.
+    typed = reader.query("select a_http_status, a_server_port from raw_spans "
+                         "where kind = 'client' and service_name = 'vllm-router' limit 1")
+    assert typed.row(0) == (200, typed["a_server_port"][0]) and typed["a_server_port"][0] in (18001, 18002)
+
+
+@pytest.mark.parametrize("sql", [
+    "drop table raw_spans", "delete from raw_spans", "insert into raw_spans select * from raw_spans",
+    "attach 'x.db' as x", "copy raw_spans to 'x.csv'", "install httpfs", "load httpfs",
+    "set enable_external_access = true", "pragma version", "create table t (a int)",
+    "select 1; drop table raw_spans", "/* hi */ update raw_spans set name = 'x'",
+])
+def test_read_only_guard_refuses_writes(sql: str) -> None:
+    with pytest.raises(ReadOnlyError):
+        check_read_only(sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "select 1", "with a as (select 1) select * from a", "describe raw_spans", "show tables",
+    "summarize raw_spans", "explain select 1",
+])
+def test_read_only_guard_accepts_reads(sql: str) -> None:
+    check_read_only(sql)
+
+
+def test_file_functions_are_refused_inside_select(store_path: Path) -> None:
+    Store(store_path).close()
+    with pytest.raises(QueryError, match="(?i)disabled|permission"):
+        audit.open(store_path).query("select * from read_csv('/etc/passwd')")
+
+
+def test_reader_errors_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no store at"):
+        audit.open(tmp_path / "missing.duckdb")
+    not_a_store = tmp_path / "junk.duckdb"
+    not_a_store.write_bytes(b"this is not duckdb" * 100)
+    with pytest.raises(StoreError) as info:
+        audit.open(not_a_store).query("select 1")
+    assert "\n" not in str(info.value)
+
+
+def test_slo_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from audit import SLO, load_slo
+    from audit._errors import AuditError
+
+    assert load_slo() == SLO()
+    monkeypatch.setenv("ROUTEAUDIT_TTFT_SLO_MS", "900")
+    assert load_slo().ttft_ms == 900
+    cfg = tmp_path / "routeaudit.toml"
+    cfg.write_text("[slo]\nttft_ms = 700\ntpot_ms = 40\n")
+    assert load_slo(cfg) == SLO(ttft_ms=700, tpot_ms=40)
+    assert load_slo(cfg, ttft_ms=300).ttft_ms == 300
+    with pytest.raises(AuditError, match="positive"):
+        load_slo(ttft_ms=-1)
+    cfg.write_text("[slo\n")
+    with pytest.raises(AuditError, match="TOML"):
+        load_slo(cfg)
+
+
+def test_slo_reaches_the_relations_as_session_variables(store_path: Path) -> None:
+    Store(store_path).close()
+    reader = audit.open(store_path, slo=audit.SLO(ttft_ms=1234, tpot_ms=56))
+    row = reader.query("select getvariable('routeaudit_ttft_slo_ms') as t, "
+                       "getvariable('routeaudit_tpot_slo_ms') as p").row(0)
+    assert row == (1234.0, 56.0)
+
+
+def test_public_surface() -> None:
+    assert sorted(audit.__all__) == sorted(["open", "Store", "Reader", "AuditError", "SLO", "load_slo"])
+    for name in audit.__all__:
+        assert getattr(audit, name) is not None

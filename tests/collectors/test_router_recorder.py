@@ -1,0 +1,242 @@
+"""DecisionRecorder against the real OTel SDK (in-memory exporter)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+import collectors.router as router_pkg
+from audit import semconv as sc
+from collectors.router import Candidate, DecisionRecord, DecisionRecorder
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def otel() -> Any:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    yield tp, exporter
+    tp.shutdown()
+
+
+def spans(exporter: InMemorySpanExporter) -> dict[str, Any]:
+    return {s.name: s for s in exporter.get_finished_spans()}
+
+
+def test_public_surface() -> None:
+    assert sorted(router_pkg.__all__) == sorted(
+        n for n in dir(router_pkg) if not n.startswith("_"))
+
+
+def test_decision_candidates_forward(otel: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder(policy="cache_aware", router_id="r1", tracer_provider=tp)
+    now = time.time_ns()
+    with rec.decide("req-1", model="m", input_tokens=100, max_tokens=16,
+                    prefix_hashes=["h1", "h2"], stream=True, endpoint="/v1/completions",
+                    incoming_headers={"Traceparent": TRACEPARENT, "tracestate": "audit=t61",
+                                      "baggage": "k=v"}) as d:
+        d.candidate("a", waiting=3, running=2, kv_usage=0.5, remaining_tokens=900,
+                    telemetry_ts_ns=now - 250_000_000, pending=1, predicted_cached_tokens=64,
+                    est_queue_ms=12.5, est_prefill_ms=30.0, score=42.5)
+        d.candidate("b", eligible=False, excluded_reason="unhealthy")
+        d.candidate("c", waiting=0, telemetry_ts_ns=now - 1_000_000)
+        d.choose("c", reason="least_load")
+        with d.forward("http://c:8000/v1/completions") as f:
+            headers = f.headers
+            assert d.outgoing_headers() == headers
+            f.set_http_status(200)
+    got = spans(exporter)
+    dec, fwd = got[sc.SPAN_DECISION], got[sc.SPAN_FORWARD]
+    assert dec.kind == SpanKind.INTERNAL and fwd.kind == SpanKind.CLIENT
+    # continues the incoming trace; forward is the decision's child; headers point at forward
+    assert format(dec.context.trace_id, "032x") == TRACEPARENT.split("-")[1]
+    assert format(dec.parent.span_id, "016x") == TRACEPARENT.split("-")[2]
+    assert fwd.parent.span_id == dec.context.span_id
+    assert headers["traceparent"].split("-")[2] == format(fwd.context.span_id, "016x")
+    assert headers["tracestate"] == "audit=t61" and headers["baggage"] == "k=v"
+    assert headers["x-request-id"] == "req-1"
+    a = dec.attributes
+    assert a[sc.COMPONENT] == "router" and a[sc.REQUEST_ID] == "req-1" and a[sc.ATTEMPT] == 0
+    assert a[sc.ROUTER_ID] == "r1" and a[sc.ROUTER_POLICY] == "cache_aware"
+    assert a[sc.DECISION_CHOSEN] == "c" and a[sc.DECISION_REASON] == "least_load"
+    assert a[sc.DECISION_OUTCOME] == "routed" and a[sc.DECISION_CANDIDATE_COUNT] == 3
+    assert a[sc.REQUEST_PREFIX_HASHES] == ("h1", "h2") and a[sc.REQUEST_INPUT_TOKENS] == 100
+    assert sc.DECISION_RECORDER_ERRORS not in a
+    decided = a[sc.DECISION_TIME]
+    assert dec.start_time <= decided <= dec.end_time
+    ev = [e.attributes for e in dec.events]
+    assert [e[sc.CANDIDATE_REPLICA] for e in ev] == ["a", "b", "c"]
+    assert [e[sc.CANDIDATE_CHOSEN] for e in ev] == [False, False, True]
+    assert ev[0][sc.CANDIDATE_TELEMETRY_AGE_MS] == pytest.approx((decided - now) / 1e6 + 250)
+    assert ev[0][sc.CANDIDATE_SCORE] == 42.5 and ev[0][sc.CANDIDATE_PENDING] == 1
+    assert ev[1][sc.CANDIDATE_ELIGIBLE] is False
+    assert ev[1][sc.CANDIDATE_EXCLUDED_REASON] == "unhealthy"
+    assert sc.CANDIDATE_TELEMETRY_AGE_MS not in ev[1]
+    assert all(e.timestamp == decided for e in dec.events)
+    f = fwd.attributes
+    assert f[sc.URL_FULL] == "http://c:8000/v1/completions" and f[sc.REPLICA_ID] == "c"
+    assert f[sc.HTTP_STATUS] == 200 and f[sc.REQUEST_ID] == "req-1"
+    assert rec.errors == 0
+
+
+def test_reject_retry_and_generated_id(otel: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp)
+    with rec.decide(None, incoming_headers={"X-Request-Id": "from-client"}) as d:
+        d.candidate("a")
+        d.reject(reason="admission_limit")
+    with rec.decide("r2", attempt=1) as d2:
+        d2.choose("a", "retry")
+        with d2.forward("http://a") as f:
+            f.set_error("connection refused")
+    with rec.decide(None) as d3:
+        pass
+    done = exporter.get_finished_spans()
+    a0, a1, a2 = (s.attributes for s in done if s.name == sc.SPAN_DECISION)
+    assert a0[sc.REQUEST_ID] == "from-client" and a0[sc.DECISION_OUTCOME] == "rejected"
+    assert sc.DECISION_CHOSEN not in a0 and sc.ROUTER_ID not in a0
+    assert a1[sc.ATTEMPT] == 1 and a1[sc.DECISION_OUTCOME] == "routed"
+    assert a2[sc.DECISION_OUTCOME] == "error" and a2[sc.DECISION_REASON] == "no_decision"
+    assert len(d3.request_id) == 32
+    fwd = [s for s in done if s.name == sc.SPAN_FORWARD][0]
+    assert fwd.status.status_code == StatusCode.ERROR
+
+
+def test_router_exception_propagates_and_is_recorded(otel: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp)
+    with pytest.raises(ZeroDivisionError):
+        with rec.decide("x") as d:
+            d.candidate("a")
+            1 / 0  # noqa: B018
+    s = exporter.get_finished_spans()[0]
+    assert s.status.status_code == StatusCode.ERROR
+    assert s.attributes[sc.DECISION_OUTCOME] == "error"
+    assert s.events[-1].name == "exception"
+    assert rec.errors == 0
+
+
+def test_bad_values_are_dropped_and_counted(otel: Any, caplog: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp)
+    with caplog.at_level(logging.WARNING, logger="collectors.router"):
+        with rec.decide("x", attempt=0) as d:
+            d.candidate("a", waiting="lots", kv_usage=object(), running="3")
+            d.candidate(object(), score="nan-ish")  # type: ignore[arg-type]
+            d.choose("a")
+    s = exporter.get_finished_spans()[0]
+    ev = [e.attributes for e in s.events]
+    assert sc.CANDIDATE_WAITING not in ev[0] and sc.CANDIDATE_KV_USAGE not in ev[0]
+    assert ev[0][sc.CANDIDATE_RUNNING] == 3  # coerced
+    assert s.attributes[sc.DECISION_RECORDER_ERRORS] == 3
+    assert rec.errors == 3
+    assert "recorder error" in caplog.text
+
+
+class _BrokenTracer:
+    def start_span(self, *a: Any, **k: Any) -> Any:
+        raise RuntimeError("tracer down")
+
+
+class _BrokenProvider(trace.TracerProvider):
+    def get_tracer(self, *a: Any, **k: Any) -> Any:
+        return _BrokenTracer()
+
+
+def test_broken_tracer_never_raises(caplog: Any) -> None:
+    rec = DecisionRecorder("p", "r", tracer_provider=_BrokenProvider())
+    with caplog.at_level(logging.CRITICAL, logger="collectors.router"):
+        with rec.decide("x", incoming_headers={"traceparent": TRACEPARENT}) as d:
+            d.candidate("a", waiting=1)
+            d.choose("a")
+            with d.forward("http://a") as f:
+                f.set_http_status(200)
+                assert f.headers["x-request-id"] == "x"
+                # trace context still flows through: the incoming traceparent's trace
+                assert f.headers["traceparent"].split("-")[1] == TRACEPARENT.split("-")[1]
+        ctx = rec.record(DecisionRecord(request_id="y", decided_ns=1))
+    assert ctx is None
+    assert rec.errors == 3  # decision span, forward span, record()
+
+
+def test_no_sdk_is_noop_but_propagates() -> None:
+    rec = DecisionRecorder("p", tracer_provider=trace.NoOpTracerProvider())
+    with rec.decide("x", incoming_headers={"traceparent": TRACEPARENT}) as d:
+        d.candidate("a")
+        d.choose("a")
+        headers = d.forward("http://a").headers
+    assert headers["traceparent"] == TRACEPARENT
+    assert rec.errors == 0
+
+
+def test_record_after_the_fact(otel: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder("qp_cost", "r9", tracer_provider=tp)
+    t = 1_700_000_000_000_000_000
+    ctx = rec.record(DecisionRecord(
+        request_id="v1", decided_ns=t + 2_000, start_ns=t, end_ns=t + 3_000,
+        candidates=[Candidate("a", waiting=1, telemetry_ts_ns=t - 5_000_000),
+                    Candidate("b", running=4, est_queue_ms=3.0)],
+        chosen="b", reason="min_cost", model="m", input_tokens=10, max_tokens=5, attempt=2,
+        forward_url="http://b/v1/completions", forward_start_ns=t + 3_000,
+        forward_end_ns=t + 50_000_000, forward_http_status=200))
+    assert ctx is not None
+    got = spans(exporter)
+    dec, fwd = got[sc.SPAN_DECISION], got[sc.SPAN_FORWARD]
+    assert (dec.start_time, dec.end_time) == (t, t + 3_000)
+    assert (fwd.start_time, fwd.end_time) == (t + 3_000, t + 50_000_000)
+    assert fwd.parent.span_id == dec.context.span_id
+    assert trace.get_current_span(ctx).get_span_context().span_id == fwd.context.span_id
+    ev = [e.attributes for e in dec.events]
+    assert ev[0][sc.CANDIDATE_TELEMETRY_AGE_MS] == pytest.approx(5.002)
+    assert [e[sc.CANDIDATE_CHOSEN] for e in ev] == [False, True]
+    assert dec.attributes[sc.ATTEMPT] == 2 and dec.attributes[sc.DECISION_TIME] == t + 2_000
+    # no forward: the decision's context is returned
+    ctx2 = rec.record(DecisionRecord(request_id="v2", decided_ns=t, outcome="rejected"))
+    span2 = trace.get_current_span(ctx2)
+    assert span2.get_span_context().span_id == got_decision(exporter, "v2").context.span_id
+    # parent context from the caller (e.g. a client span recorded by the testbed)
+    ctx3 = rec.record(DecisionRecord(request_id="v3", decided_ns=t, parent_context=ctx))
+    assert got_decision(exporter, "v3").parent.span_id == fwd.context.span_id
+    assert ctx3 is not None
+
+
+def got_decision(exporter: InMemorySpanExporter, rid: str) -> Any:
+    return next(s for s in exporter.get_finished_spans()
+                if s.name == sc.SPAN_DECISION and s.attributes[sc.REQUEST_ID] == rid)
+
+
+def test_async_routers_interleave(otel: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp)
+
+    async def route(i: int) -> None:
+        with rec.decide(f"q{i}") as d:
+            d.candidate("a")
+            await asyncio.sleep(0.001 * (5 - i))
+            d.candidate("b")
+            d.choose("b" if i % 2 else "a")
+            with d.forward("http://x") as f:
+                await asyncio.sleep(0.001)
+                f.set_http_status(200)
+
+    async def main() -> None:
+        await asyncio.gather(*(route(i) for i in range(5)))
+
+    asyncio.run(main())
+    decs = [s for s in exporter.get_finished_spans() if s.name == sc.SPAN_DECISION]
+    assert len(decs) == 5 and all(s.parent is None for s in decs)
+    assert len({s.context.trace_id for s in decs}) == 5
+    assert rec.errors == 0

