@@ -1,8 +1,14 @@
-"""Install the SQL relations (``audit/sql/{staging,intermediate,marts}``) as views.
+"""Build the SQL relations (``audit/sql/{staging,intermediate,marts,attribution}``).
 
 Each relation is one ``.sql`` file holding a single ``select`` (dbt style: import CTEs first, last
-line ``select * from final``); its name is the file's stem. Layers install in order, and inside a
-layer a relation installs after the relations it names. Nothing is templated.
+line ``select * from final``); its name is the file's stem. Layers build in order, and inside a
+layer a relation builds after the relations it names. Nothing is templated.
+
+Materialisation (dbt's ``table`` vs ``view``): a relation that reads a session variable
+(``getvariable(...)``: the SLO targets and attribution thresholds), or reads such a relation, is
+a **view**, so a reader's SLO applies at query time. Every other relation is a **table**, rebuilt
+by :func:`refresh` in dependency order. DuckDB plans a view by expanding every view beneath it,
+so a deep stack of views costs seconds of planning per query; tables cut each plan to one step.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from importlib import resources
 from typing import Final
 
 import duckdb
+
+from audit._errors import StoreError
 
 LAYERS: Final = ("staging", "intermediate", "marts", "attribution")
 """Relation layers, in dependency order. ``attribution`` judges the marts: its ``int_*``
@@ -62,7 +70,7 @@ def _toposort(rels: list[Relation], done: set[str]) -> list[Relation]:
         ready = [r for r in pending if deps[r.name] <= placed]
         if not ready:
             cycle = ", ".join(r.name for r in pending)
-            raise RuntimeError(f"relations reference each other in a cycle: {cycle}")
+            raise StoreError(f"relations reference each other in a cycle: {cycle}")
         for r in ready:
             ordered.append(r)
             placed.add(r.name)
@@ -92,11 +100,52 @@ def public_relations() -> list[str]:
     ]
 
 
+def parametrised(relations: list[Relation] | None = None) -> set[str]:
+    """Names of relations that read session variables, directly or through another relation."""
+    rels = load_relations() if relations is None else relations
+    found: set[str] = set()
+    for rel in rels:  # dependency order: a relation's inputs were classified before it
+        body = _strip_comments(rel.sql)
+        if "getvariable(" in body or any(re.search(rf"\b{re.escape(n)}\b", body) for n in found):
+            found.add(rel.name)
+    return found
+
+
+def refresh(con: duckdb.DuckDBPyConnection) -> None:
+    """Rebuild every relation in one transaction: tables for the plain ones, views for the
+    parametrised ones. Readers see the old or the new set, never a mix."""
+    rels = load_relations()
+    views = parametrised(rels)
+    con.execute("begin transaction")
+    try:
+        for rel in rels:
+            kind = "view" if rel.name in views else "table"
+            body = rel.sql.strip().rstrip(";")
+            _drop(con, rel.name)
+            try:
+                con.execute(f"create {kind} {rel.name} as\n{body}")
+            except duckdb.Error as exc:
+                raise StoreError(
+                    f"relation {rel.layer}/{rel.name}.sql does not build: {_first(exc)}") from exc
+        con.execute("commit")
+    except BaseException:
+        con.execute("rollback")
+        raise
+
+
+def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    kinds = con.execute(
+        "select table_type from information_schema.tables "
+        "where table_schema = 'main' and table_name = ?", [name]).fetchall()
+    for (kind,) in kinds:
+        con.execute(f"drop {'view' if kind == 'VIEW' else 'table'} {name}")
+
+
 def install(con: duckdb.DuckDBPyConnection, *, temporary: bool = False) -> None:
-    """Create (or replace) every relation as a view on ``con``.
+    """Create every relation as a view on ``con`` (slow to plan; see the module docstring).
 
     ``temporary`` views live only on this connection: used by read-only readers whose store was
-    written by another version of routeaudit.
+    written by another version of routeaudit, which cannot refresh it.
     """
     kind = "temp view" if temporary else "view"
     for rel in load_relations():
@@ -104,4 +153,10 @@ def install(con: duckdb.DuckDBPyConnection, *, temporary: bool = False) -> None:
         try:
             con.execute(f"create or replace {kind} {rel.name} as\n{body}")
         except duckdb.Error as exc:
-            raise RuntimeError(f"relation {rel.layer}/{rel.name}.sql does not install: {exc}") from exc
+            raise StoreError(
+                f"relation {rel.layer}/{rel.name}.sql does not install: {_first(exc)}") from exc
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -26,6 +27,10 @@ SIDECAR_SUFFIX = ".collector.json"
 """A running collector announces itself in ``<store>.collector.json`` (query URL, token)."""
 
 
+SYNC_REFRESH_BUDGET_S = 0.5
+"""A query refreshes stale relations first when the last refresh took at most this long."""
+
+
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(path)}{SIDECAR_SUFFIX}")
 
@@ -33,11 +38,16 @@ def sidecar_path(path: str | os.PathLike[str]) -> Path:
 class Store:
     """Read-write handle on a store file. Only one process may hold it (the collector).
 
-    Writes come from one thread at a time (the collector's writer); :meth:`query` may be called
-    from any thread: each call runs on its own cursor and sees committed data.
+    Writes come from one thread at a time (the collector's writer); :meth:`query_arrow` may be
+    called from any thread: each call runs on its own cursor and sees committed data.
+
+    The relations are materialised (see :mod:`audit._relations`): :meth:`refresh` rebuilds them.
+    A query refreshes first when rows were appended since the last refresh and the last refresh
+    is older than ``refresh_interval_s`` (0: always up to date; the collector uses a few seconds
+    and also refreshes in the background). :meth:`close` refreshes what is pending.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, refresh_interval_s: float = 0.0) -> None:
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"folder {self.path.parent} does not exist")
@@ -47,22 +57,65 @@ class Store:
             raise StoreError(_lock_message(self.path, exc)) from exc
         except duckdb.Error as exc:
             raise StoreError(f"{self.path} is not a DuckDB store: {_one_line(exc)}") from exc
+        self.refresh_interval_s = refresh_interval_s
         self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         self._closed = False
+        self._dirty = False
+        self._last_refresh = 0.0
+        self.last_refresh_s = 0.0
+        _tune(self._con)
         for table in RAW_TABLES:
             self._con.execute(raw_ddl(table))
         self._con.execute(
             "create table if not exists routeaudit_meta (key varchar primary key, value varchar)"
         )
-        _relations.install(self._con)
-        self._con.execute(
-            "insert or replace into routeaudit_meta values ('relations_version', ?)",
-            [_relations.relations_version()],
-        )
-        self._con.execute("checkpoint")
+        if not _views_current(self._con):
+            # Relations are rebuilt when the SQL changed since this store was last refreshed.
+            self.refresh()
+            self._con.execute("checkpoint")
         # From here on no query on this database may read or write files other than the store.
         self._con.execute("set enable_external_access = false")
         self._con.execute("set lock_configuration = true")
+
+    @property
+    def dirty(self) -> bool:
+        """Whether rows were appended since the relations were last rebuilt."""
+        return self._dirty
+
+    def refresh(self) -> float:
+        """Rebuild the materialised relations from the raw tables; return seconds taken."""
+        with self._refresh_lock:
+            started = time.perf_counter()
+            self._dirty = False
+            cur = self._con.cursor()
+            try:
+                _relations.refresh(cur)
+                cur.execute(
+                    "insert or replace into routeaudit_meta values ('relations_version', ?), "
+                    "('refreshed_ns', ?)",
+                    [_relations.relations_version(), str(time.time_ns())],
+                )
+            except BaseException:
+                self._dirty = True
+                raise
+            finally:
+                cur.close()
+            self._last_refresh = time.monotonic()
+            self.last_refresh_s = time.perf_counter() - started
+            return self.last_refresh_s
+
+    def refresh_if_due(self) -> bool:
+        """Refresh when rows arrived since the last refresh, and either the last refresh is older
+        than ``refresh_interval_s`` or it was quick (under :data:`SYNC_REFRESH_BUDGET_S`): small
+        stores are always current, large ones at most about one interval behind."""
+        if not self._dirty:
+            return False
+        old = time.monotonic() - self._last_refresh >= self.refresh_interval_s
+        if old or self.last_refresh_s <= SYNC_REFRESH_BUDGET_S:
+            self.refresh()
+            return True
+        return False
 
     def append(self, spans: pa.Table | None = None, events: pa.Table | None = None,
                snapshots: pa.Table | None = None) -> int:
@@ -94,6 +147,9 @@ class Store:
             except BaseException:
                 con.execute("rollback")
                 raise
+            if new or (events is not None and events.num_rows) or (
+                    snapshots is not None and snapshots.num_rows):
+                self._dirty = True
             return int(new)
 
     def query_arrow(self, sql: str, params: Sequence[Any] | None = None,
@@ -103,6 +159,7 @@ class Store:
         ``variables`` are DuckDB session variables the relations read (the SLO targets).
         """
         check_read_only(sql)
+        self.refresh_if_due()
         cur = self._con.cursor()
         try:
             _set_variables(cur, variables)
@@ -112,17 +169,16 @@ class Store:
         finally:
             cur.close()
 
-    def execute_internal(self, sql: str, params: Sequence[Any] | None = None) -> None:
-        """Run a trusted statement (refresh of materialised relations); not for user input."""
-        with self._lock:
-            self._con.execute(sql, list(params) if params else None)
-
     def checkpoint(self) -> None:
         with self._lock:
             self._con.execute("checkpoint")
 
     def close(self) -> None:
-        """Checkpoint and close; safe to call twice."""
+        """Refresh what is pending, checkpoint and close; safe to call twice."""
+        if self._closed:
+            return
+        if self._dirty:
+            self.refresh()
         with self._lock:
             if self._closed:
                 return
@@ -131,6 +187,12 @@ class Store:
                 self._con.execute("checkpoint")
             finally:
                 self._con.close()
+
+
+def _tune(con: duckdb.DuckDBPyConnection) -> None:
+    # A database-wide setting (cursors inherit it): the parametrised relations are views over the
+    # materialised tables, and this optimizer pass alone took seconds to plan them (DuckDB 2.0).
+    con.execute("set global disabled_optimizers = 'projection_pullup'")
 
 
 class Reader:
@@ -191,7 +253,9 @@ class Reader:
         except duckdb.Error as exc:
             raise StoreError(f"{self.path} is not a DuckDB store: {_one_line(exc)}") from exc
         try:
+            _tune(con)
             if not _views_current(con):
+                # Written by another version and not refreshed since: correct but slow.
                 _relations.install(con, temporary=True)
             _set_variables(con, variables)
             return con.sql(sql, params=list(params) if params else None).to_arrow_table()

@@ -323,9 +323,10 @@ def failures_by_kind(reader: Reads) -> pl.DataFrame:
 # --------------------------------------------------------------------------------------------
 # Slow requests
 # --------------------------------------------------------------------------------------------
-def filter_options(reader: Reads, slo: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """Choices for the slow-request filters: replicas, routers, policies, runs, causes, and the
-    time window (``first_at``, ``last_at``)."""
+def filter_options(reader: Reads) -> dict[str, Any]:
+    """Choices for the slow-request filters: replicas, routers, policies, runs, and the time
+    window (``first_at``, ``last_at``). Causes come from :func:`slow_cause_breakdown` (planning
+    the attribution relations is the expensive part, so it is done once per page)."""
     df = reader.query(
         f"""
         select
@@ -343,15 +344,6 @@ def filter_options(reader: Reads, slo: Mapping[str, float] | None = None) -> dic
     row = df.row(0, named=True)
     out: dict[str, Any] = {k: (row[k] or []) for k in ("replicas", "routers", "policies", "runs")}
     out["first_at"], out["last_at"] = row["first_at"], row["last_at"]
-    out["causes"] = []
-    if has_relation(reader, "attributions", *_ATTR_COLS):
-        causes = _query(
-            reader,
-            "select distinct cause from attributions where is_primary and cause is not null "
-            "order by cause",
-            slo=slo,
-        )
-        out["causes"] = causes["cause"].to_list()
     return out
 
 
@@ -640,7 +632,8 @@ def cache_by_replica(reader: Reads) -> pl.DataFrame:
 
 def cache_scatter(reader: Reads, limit: int = 5000) -> pl.DataFrame:
     """Predicted vs actual cached tokens, one point per request (a sample of at most
-    ``limit``, a stable pseudo-random sample). Columns: request_id, replica, policy, predicted, actual, input_tokens."""
+    ``limit``, a stable pseudo-random sample). Columns: request_id, replica, policy, predicted,
+    actual, input_tokens."""
     return reader.query(
         _CACHE_BASE + """
         select request_id, replica, policy, predicted, actual, input_tokens

@@ -7,6 +7,7 @@ store's ``version()`` plus the query's arguments, so a new commit invalidates th
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Final
@@ -18,6 +19,8 @@ import streamlit as st
 import audit
 from audit import queries
 from audit._errors import AuditError
+
+_log = logging.getLogger(__name__)
 
 ENV_DB: Final = "ROUTEAUDIT_DB"
 """Path of the store to show; ``routeaudit dashboard --db PATH`` sets it."""
@@ -63,8 +66,8 @@ def reader() -> audit._store.Reader:
         st.stop()
     try:
         return _open(str(path))
-    except AuditError as exc:
-        st.error(str(exc))
+    except Exception as exc:  # noqa: BLE001
+        _show(exc)
         st.stop()
 
 
@@ -82,8 +85,8 @@ def query(name: str, *args: Any, **kwargs: Any) -> Any:
     r = reader()
     try:
         return _cached(str(r.path), r.version(), name, args, tuple(sorted(kwargs.items())))
-    except AuditError as exc:
-        st.error(f"{name}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a page shows a message, never a traceback
+        _show(exc)
         return None
 
 
@@ -91,9 +94,20 @@ def uncached(name: str, *args: Any, **kwargs: Any) -> Any:
     """Like :func:`query` without caching (user SQL); AuditError is shown, not raised."""
     try:
         return getattr(queries, name)(reader(), *args, **kwargs)
-    except AuditError as exc:
-        st.error(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a page shows a message, never a traceback
+        _show(exc)
         return None
+
+
+def _show(exc: Exception) -> None:
+    """One line for the person looking at the page; the traceback goes to the server log for
+    anything that is not a documented :class:`AuditError`."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, AuditError):
+        st.error(text)
+    else:
+        _log.warning("dashboard query failed", exc_info=exc)
+        st.error(f"The store could not answer ({type(exc).__name__}): {text}")
 
 
 def has(relation: str, *columns: str) -> bool:
@@ -114,7 +128,13 @@ def empty(df: pl.DataFrame | None) -> bool:
 
 
 def fmt_ms(v: float | None) -> str:
-    return "–" if v is None else f"{v:,.0f} ms" if v >= 100 else f"{v:,.1f} ms"
+    """Milliseconds for a metric tile: ``"59.0 ms"``, ``"3,950 ms"``, ``"10.1 s"``."""
+    if v is None:
+        return "–"
+    v = float(v)
+    if abs(v) >= 10_000:
+        return f"{v / 1000:,.1f} s"
+    return f"{v:,.0f} ms" if abs(v) >= 100 else f"{v:,.1f} ms"
 
 
 def fmt_pct(v: float | None) -> str:

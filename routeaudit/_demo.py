@@ -102,7 +102,7 @@ def build_sample_data(*, progress: bool = True, regenerate: bool = False) -> Pat
         scratch = SAMPLE_DIR / "regenerate.duckdb"
         _remove_store(scratch)
         replay_into_store(scratch, list(SAMPLE_RUNS), n_requests=SAMPLE_REQUESTS, seed=0,
-                          progress=progress, ground_truth=SAMPLE_DIR / "groundtruth.jsonl")
+                          progress=progress, ground_truth=None)
         con = duckdb.connect(str(scratch), read_only=True)
         try:
             for table in RAW_TABLES:
@@ -131,7 +131,7 @@ def build_sample_data(*, progress: bool = True, regenerate: bool = False) -> Pat
 
 
 def testbed_command(args: argparse.Namespace) -> int:
-    """``routeaudit testbed list|run``."""
+    """``routeaudit testbed list|run|replicas|router|load``."""
     import testbed
 
     if args.action == "list":
@@ -139,11 +139,63 @@ def testbed_command(args: argparse.Namespace) -> int:
             print(f"{name:20s} {scenario.description}")
         print("\ncombine scenarios with '+', e.g. stale_telemetry+slow_replica")
         return 0
-    summary = testbed.run_scenario(args.scenario, seed=args.seed, n_requests=args.requests,
-                                   ground_truth_path=args.ground_truth, progress=True)
-    print(f"{summary.n_requests} requests, {summary.n_finished} finished, "
-          f"{summary.n_rejected} rejected, {summary.n_slow} slow; TTFT p50 "
-          f"{summary.ttft_p50_ms:.0f} ms, p99 {summary.ttft_p99_ms:.0f} ms; "
-          f"simulated {summary.sim_duration_s:.0f} s in {summary.wall_s:.1f} s")
-    print("primary causes (ground truth):", dict(sorted(summary.primary_cause_counts.items())))
+    if args.action == "run":
+        summary = testbed.run_scenario(args.scenario, seed=args.seed, n_requests=args.requests,
+                                       policy=args.policy, ground_truth_path=args.ground_truth,
+                                       progress=True)
+        print(f"{summary.n_requests} requests, {summary.n_finished} finished, "
+              f"{summary.n_rejected} rejected, {summary.n_slow} slow; TTFT p50 "
+              f"{summary.ttft_p50_ms:.0f} ms, p99 {summary.ttft_p99_ms:.0f} ms; "
+              f"simulated {summary.sim_duration_s:.0f} s in {summary.wall_s:.1f} s")
+        print("primary causes (ground truth):", dict(sorted(summary.primary_cause_counts.items())))
+        return 0
+
+    from testbed import live
+
+    if args.action == "replicas":
+        live.serve_replicas(args.n, args.base_port, host=args.host, time_scale=args.time_scale,
+                            otlp_endpoint=args.otlp_endpoint or None,
+                            clock_offsets_s=_offsets(args.clock_offset),
+                            max_waiting=args.max_waiting, run_id=args.run_id)
+        return 0
+    if args.action == "router":
+        live.serve_router(args.replica_url, args.port, args.policy, host=args.host,
+                          telemetry_interval_s=args.telemetry_interval,
+                          pending_correction=not args.no_pending_correction,
+                          admission_limit=args.admission_limit,
+                          otlp_endpoint=args.otlp_endpoint or None, run_id=args.run_id,
+                          seed=args.seed)
+        return 0
+    from collectors.client import run_load
+
+    requests = live.live_requests(args.workload, args.requests, args.seed,
+                                  stream_fraction=args.stream_fraction,
+                                  max_tokens=args.max_tokens, time_scale=args.time_scale)
+    provider = live.make_tracer_provider("client", "client-0", otlp_endpoint=args.otlp_endpoint,
+                                         run_id=args.run_id)
+    try:
+        results = run_load(args.url, requests, args.concurrency, progress=True,
+                           run_id=args.run_id, tracer_provider=provider)
+    finally:
+        if provider is not None:
+            provider.shutdown()
+    by_status: dict[str, int] = {}
+    for r in results:
+        by_status[r.status] = by_status.get(r.status, 0) + 1
+    print(f"{len(results)} requests sent: {dict(sorted(by_status.items()))}")
     return 0
+
+
+def _offsets(items: list[str]) -> dict[int, float]:
+    from testbed import ConfigError
+
+    out: dict[int, float] = {}
+    for item in items:
+        index, sep, seconds = item.partition("=")
+        try:
+            out[int(index)] = float(seconds)
+        except ValueError:
+            raise ConfigError(f"--clock-offset wants INDEX=SECONDS, got {item!r}") from None
+        if not sep:
+            raise ConfigError(f"--clock-offset wants INDEX=SECONDS, got {item!r}")
+    return out

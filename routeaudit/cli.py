@@ -119,7 +119,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def cmd_sample_data(args: argparse.Namespace) -> int:
     from routeaudit._demo import build_sample_data
 
-    build_sample_data(progress=not args.quiet)
+    path = build_sample_data(progress=not args.quiet, regenerate=args.regenerate)
+    print(f"sample store: {path}")
     return 0
 
 
@@ -187,16 +188,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("sample-data", help="rebuild sample_data/demo.duckdb from sample_data/*")
+    p.add_argument("--regenerate", action="store_true",
+                   help="first replay the sample runs through a collector and rewrite the Parquet files")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_sample_data)
 
-    p = sub.add_parser("testbed", help="emulated fleet: list scenarios, run one, or start live parts")
-    p.add_argument("action", choices=("list", "run"), help="list scenarios, or run one")
-    p.add_argument("--scenario", default="baseline")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--requests", type=int, default=None)
-    p.add_argument("--ground-truth", default=None, help="where to write the ground-truth file")
-    p.set_defaults(func=cmd_testbed)
+    p = sub.add_parser("testbed", help="emulated fleet: scenarios in virtual time, or live parts")
+    tb = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = tb.add_parser("list", help="list the scenarios")
+    q.set_defaults(func=cmd_testbed)
+    q = tb.add_parser("run", help="run a scenario in virtual time (no store; prints ground truth)")
+    q.add_argument("--scenario", default="baseline", help="name, or several joined with '+'")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--requests", type=int, default=None)
+    q.add_argument("--policy", default=None, help="override the scenario's routing policy")
+    q.add_argument("--ground-truth", default=None, help="write ground truth here (.jsonl/.parquet)")
+    q.set_defaults(func=cmd_testbed)
+    q = tb.add_parser("replicas", help="serve live emulated replicas (OpenAI API, /metrics)")
+    q.add_argument("--n", type=int, default=2, help="number of replicas")
+    q.add_argument("--base-port", type=int, default=8001)
+    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--time-scale", type=float, default=0.05,
+                   help="real seconds per simulated second of GPU work")
+    q.add_argument("--max-waiting", type=int, default=None, help="queue limit (then 503)")
+    q.add_argument("--clock-offset", action="append", default=[], metavar="INDEX=SECONDS",
+                   help="skew one replica's span clock, e.g. 1=3.0 (repeatable)")
+    q.add_argument("--otlp-endpoint", default="http://127.0.0.1:4318/v1/traces")
+    q.add_argument("--run-id", default=None)
+    q.set_defaults(func=cmd_testbed)
+    q = tb.add_parser("router", help="serve the live reference router in front of replicas")
+    q.add_argument("--replica-url", action="append", required=True, metavar="URL")
+    q.add_argument("--port", type=int, default=8000)
+    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--policy", default="round_robin")
+    q.add_argument("--telemetry-interval", type=float, default=0.25, help="seconds between polls")
+    q.add_argument("--no-pending-correction", action="store_true")
+    q.add_argument("--admission-limit", type=int, default=None)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--otlp-endpoint", default="http://127.0.0.1:4318/v1/traces")
+    q.add_argument("--run-id", default=None)
+    q.set_defaults(func=cmd_testbed)
+    q = tb.add_parser("load", help="replay a workload against a URL with the instrumented client")
+    q.add_argument("--url", required=True, help="router (or replica) base URL")
+    q.add_argument("--workload", default="hot_prefix", help="aibrix, mooncake, hot_prefix, …")
+    q.add_argument("--requests", type=int, default=100)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--concurrency", type=int, default=16)
+    q.add_argument("--stream-fraction", type=float, default=0.5)
+    q.add_argument("--max-tokens", type=int, default=256)
+    q.add_argument("--time-scale", type=float, default=1.0, help="multiplies arrival offsets")
+    q.add_argument("--otlp-endpoint", default="http://127.0.0.1:4318/v1/traces")
+    q.add_argument("--run-id", default=None)
+    q.set_defaults(func=cmd_testbed)
     return parser
 
 

@@ -30,6 +30,7 @@ def _request_args(req: Mapping[str, Any]) -> tuple[str, dict[str, Any], int | No
     body = build_body(
         endpoint, model=req.get("model"), prompt=prompt, messages=req.get("messages"),
         max_tokens=req.get("max_tokens"), stream=bool(req.get("stream", False)),
+        extra=req.get("extra"),
     )
     return endpoint, body, None if input_tokens is None else int(input_tokens)
 
@@ -47,7 +48,7 @@ def run_load(
     """Send ``requests`` to ``url`` (the router's base URL) and return the results.
 
     Each request is a dict ``{request_id?, at_s, endpoint, prompt | prompt_tokens | messages,
-    max_tokens, stream, model}``; ``at_s`` is the arrival offset from the start of the run, in
+    max_tokens, stream, model, extra?}`` (``extra``: more body fields, sent as they are); ``at_s`` is the arrival offset from the start of the run, in
     order. At most ``concurrency`` requests are in flight; an arrival that finds no free slot
     waits for one (so the arrival trace is only honoured below saturation). Results are in
     completion order. Blocks; runs its own event loop.

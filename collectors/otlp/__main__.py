@@ -8,7 +8,12 @@ import sys
 
 from collectors.otlp._collector import run_collector
 from collectors.otlp._errors import CollectorError
-from collectors.otlp.config import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, default_config
+from collectors.otlp.config import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HOST,
+    DEFAULT_HTTP_PORT,
+    default_config,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,9 +16,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -62,6 +63,8 @@ class Collector:
         self._http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
         self._scraper: Any = None
+        self._refresher: threading.Thread | None = None
+        self._refresh_stop = threading.Event()
         self._sidecar: Path | None = None
         self._started_ns = 0
         self._store_key: str | None = None
@@ -133,7 +136,7 @@ class Collector:
                     raise StartError(f"{cfg.db_path} is already owned by a collector in this process")
                 _OPEN_STORES.add(key)
             self._store_key = key
-            store = Store(cfg.db_path)
+            store = Store(cfg.db_path, refresh_interval_s=cfg.refresh_interval_s)
         except BaseException as exc:
             sock.close()
             if isinstance(exc, StoreError):
@@ -158,6 +161,9 @@ class Collector:
             )
             self._grpc.start()
         self._http.start()
+        self._refresher = threading.Thread(target=self._refresh_loop, args=(store, cfg.refresh_interval_s),
+                                           name="routeaudit-refresh", daemon=True)
+        self._refresher.start()
         self._started_ns = time.time_ns()
         self._write_sidecar(cfg)
         if cfg.scrape_targets:
@@ -185,7 +191,20 @@ class Collector:
                 self._state = "stopped"
             log.info("routeaudit collector stopped; store %s closed", self.config.db_path)
 
+    def _refresh_loop(self, store: Store, interval_s: float) -> None:
+        """Rebuild the relations every ``interval_s`` while rows arrive (own thread)."""
+        while not self._refresh_stop.wait(interval_s):
+            try:
+                if store.refresh_if_due():
+                    self.metrics.last_refresh_s = store.last_refresh_s
+            except Exception as exc:  # a broken relation must not stop ingest
+                log.warning("refreshing the relations failed: %s", one_line(exc))
+
     def _shutdown(self) -> None:
+        self._refresh_stop.set()
+        if self._refresher is not None:
+            _quietly(lambda: self._refresher.join(120) if self._refresher else None)
+            self._refresher = None
         if self._scraper is not None:
             _quietly(self._scraper.stop)
             self._scraper = None
@@ -204,7 +223,7 @@ class Collector:
                 _OPEN_STORES.discard(self._store_key)
             self._store_key = None
 
-    def __enter__(self) -> Collector:
+    def __enter__(self) -> Collector:  # noqa: PYI034 - start() returns self
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -230,6 +249,8 @@ class Collector:
             "last_write_ms": round(last * 1000, 3) if last is not None else None,
             "last_commit_ns": self.metrics.last_commit_ns,
             "last_error": writer.last_error if writer else None,
+            "last_refresh_ms": (round(self.metrics.last_refresh_s * 1000, 1)
+                                if self.metrics.last_refresh_s is not None else None),
             "counters": self.metrics.snapshot(),
         }
 
@@ -283,8 +304,11 @@ def run_collector(config: CollectorConfig) -> int:
     """
     if not logging.getLogger().handlers and not log.handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # One line per scrape request would drown what matters; failed scrapes are recorded as rows.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     stop = threading.Event()
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
@@ -316,5 +340,5 @@ def _connect_host(host: str) -> str:
 def _quietly(fn: Callable[[], Any]) -> None:
     try:
         fn()
-    except Exception:  # noqa: BLE001 - shutdown continues whatever one part does
+    except Exception:
         log.exception("error during shutdown")

@@ -52,7 +52,7 @@ class DecodedBatch:
 
     @property
     def accepted(self) -> int:
-        return self.spans.num_rows
+        return int(self.spans.num_rows)
 
 
 class _TooDeep(ValueError):

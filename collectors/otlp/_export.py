@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
+    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-
-import logging
-import time
-
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collectors.otlp._decode import DecodedBatch, PayloadError, decode
 from collectors.otlp._errors import WriterUnavailable
@@ -92,7 +90,7 @@ class Exporter:
         if fut is not None:
             try:
                 await asyncio.wait_for(asyncio.wrap_future(fut), self._timeout_s)
-            except (asyncio.TimeoutError, TimeoutError) as exc:
+            except TimeoutError as exc:
                 raise WriterUnavailable(
                     f"commit did not finish within {self._timeout_s:g} s; retry later") from exc
         return _result(batch)
@@ -107,7 +105,7 @@ def decode_request(req: ExportTraceServiceRequest, metrics: Metrics) -> DecodedB
     """
     try:
         return decode(req, time.time_ns())
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         log.exception("decoder crashed on a request")
         metrics.inc("internal_errors")
         raise PayloadError(f"request could not be decoded: {type(exc).__name__}") from exc

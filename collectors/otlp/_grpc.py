@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -41,7 +42,7 @@ class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         self._token = token.encode() if token else None
         self._retry_after_s = retry_after_s
 
-    def Export(self, request: ExportTraceServiceRequest,  # noqa: N802 - gRPC's name
+    def Export(self, request: ExportTraceServiceRequest,
                context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         return self._answer(context, lambda: request)
 
@@ -54,7 +55,7 @@ class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
             self._check_auth(context)
             batch = decode_request(get_request(), self._metrics)
             result = self._exporter.export(batch)
-        except Exception as exc:  # noqa: BLE001 - every failure gets a status
+        except Exception as exc:
             if not is_refusal(exc):
                 log.exception("unexpected error answering an OTLP/gRPC export")
                 self._metrics.inc("internal_errors")

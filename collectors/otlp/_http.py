@@ -9,7 +9,8 @@ Routes:
   request's encoding (OTLP spec, "Failures"), JSON for unknown content types.
 * ``GET /health``: JSON status and counters; the only route open without a token.
 * ``GET /metrics``: Prometheus text of the collector's own registry.
-* ``POST /routeaudit/query``: ``{"sql": ..., "params": [...]}`` → Arrow IPC stream, or 400
+* ``POST /routeaudit/query``: ``{"sql": ..., "params": [...], "variables": {...}}`` (session
+  variables such as the SLO targets) → Arrow IPC stream, or 400
   ``{"error": "<one line>"}``. Runs ``Store.query_arrow`` (read-only guard inside).
 """
 
@@ -22,7 +23,8 @@ import socket
 import threading
 import time
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import uvicorn
@@ -143,7 +145,14 @@ class HttpReceiver:
             params = doc.get("params")
             if params is not None and not isinstance(params, list):
                 raise BadRequest('"params" must be a list')
-            table = await run_in_threadpool(self._store.query_arrow, doc["sql"], params or None)
+            variables = doc.get("variables")
+            if variables is not None and not (
+                    isinstance(variables, dict)
+                    and all(isinstance(v, (int, float, str)) and not isinstance(v, bool)
+                            for v in variables.values())):
+                raise BadRequest('"variables" must be an object of numbers or strings')
+            table = await run_in_threadpool(self._store.query_arrow, doc["sql"], params or None,
+                                            variables or None)
             payload = await run_in_threadpool(_ipc_stream, table)
         except (AuditError, BadRequest, BodyTooLarge, Unauthenticated, ClientDisconnect) as exc:
             return self._error_json(exc)

@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 _COUNTERS = {
     "spans_received": "Spans in decodable export requests (accepted by the decoder)",
@@ -56,6 +63,7 @@ class Metrics:
             registry=self.registry,
         )
         self.last_write_s: float | None = None
+        self.last_refresh_s: float | None = None
         self.last_commit_ns: int | None = None
         self.started_monotonic = time.monotonic()
 

@@ -15,9 +15,9 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable
 
 import pyarrow as pa
 

@@ -45,6 +45,9 @@ DEFAULT_GRPC_MAX_WORKERS: Final = 16
 """gRPC handler threads; each blocks while its export waits for the commit."""
 DEFAULT_SCRAPE_INTERVAL_S: Final = 1.0
 """Interval between two scrapes of each ``/metrics`` target."""
+DEFAULT_REFRESH_INTERVAL_S: Final = 2.0
+"""How often the relations (requests, attributions, …) are rebuilt while new rows arrive; raw
+tables are always current. Queries therefore see relations at most about this old."""
 DEFAULT_MAX_QUERY_BYTES: Final = 1024 * 1024
 """Largest ``POST /routeaudit/query`` body."""
 
@@ -76,6 +79,8 @@ class CollectorConfig:
     scrape_targets: tuple[str, ...] = ()
     """Prometheus ``/metrics`` URLs sampled into ``raw_snapshots``."""
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
+    refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
+    """Seconds between rebuilds of the relations while new rows arrive."""
     host: str | None = None
     """Shorthand for the command line: when given, sets both ``http_host`` and ``grpc_host``
     at construction (and reads back as None afterwards)."""
@@ -105,9 +110,9 @@ class CollectorConfig:
         for host in hosts:
             if not host or any(c.isspace() for c in host):
                 raise ConfigError(f"bad bind host {host!r}")
-        if self.token is not None:
-            if not self.token.strip() or any(c.isspace() or ord(c) < 33 for c in self.token):
-                raise ConfigError("token must be non-empty printable text without spaces")
+        if self.token is not None and (
+                not self.token.strip() or any(c.isspace() or ord(c) < 33 for c in self.token)):
+            raise ConfigError("token must be non-empty printable text without spaces")
         if not self.token and not all(_is_loopback(h) for h in hosts):
             exposed = next(h for h in hosts if not _is_loopback(h))
             raise ConfigError(
@@ -125,6 +130,8 @@ class CollectorConfig:
             raise ConfigError(f"retry_after_s must be a whole number of seconds >= 0, got {self.retry_after_s!r}")
         if not self.export_timeout_s > 0:
             raise ConfigError(f"export_timeout_s must be > 0, got {self.export_timeout_s!r}")
+        if not self.refresh_interval_s > 0:
+            raise ConfigError(f"refresh_interval_s must be > 0, got {self.refresh_interval_s!r}")
         if not self.scrape_interval_s > 0:
             raise ConfigError(f"scrape_interval_s must be > 0, got {self.scrape_interval_s!r}")
         for target in self.scrape_targets:

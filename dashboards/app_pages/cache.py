@@ -65,7 +65,7 @@ else:
 st.subheader("Predicted-but-missing cached tokens over time")
 st.caption("Tokens a router expected to be cached that the replica did not find: evictions "
            "(or a wrong prefix index).")
-misses = _ui.query("cache_misses_over_time", _ui.BUCKETS)
+misses = None if summary.height == 0 else _ui.query("cache_misses_over_time", _ui.BUCKETS)
 if _ui.empty(misses):
     st.info("Nothing to show yet.")
 else:

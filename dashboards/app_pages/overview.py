@@ -21,7 +21,8 @@ t = totals.row(0, named=True)
 cols = st.columns(6)
 cols[0].metric("Requests", f"{t['requests']:,}")
 cols[1].metric("SLO attainment", _ui.fmt_pct(t["attainment"]))
-cols[2].metric("Goodput", f"{t['goodput_rps']:.2f} req/s")
+cols[2].metric("Goodput (req/s)", f"{t['goodput_rps']:.2f}",
+               help="requests meeting the SLO per second of the observed window")
 cols[3].metric("Slow", f"{t['slow']:,}")
 cols[4].metric("Failed", f"{t['failed']:,}")
 cols[5].metric("TTFT p99", _ui.fmt_ms(t["ttft_p99"]))
@@ -81,6 +82,6 @@ if _ui.empty(failures):
 else:
     _ui.chart(alt.Chart(failures.to_pandas()).mark_bar().encode(
         x=alt.X("requests:Q", title="failed requests (count)"),
-        y=alt.Y("kind:N", title="status / HTTP status", sort="-x"),
+        y=alt.Y("kind:N", title="status / HTTP status", sort=None),
         tooltip=["kind:N", "requests:Q"],
-    ).properties(height=max(80, 30 * failures.height)))
+    ).properties(height=alt.Step(30)))

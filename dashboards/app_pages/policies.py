@@ -38,7 +38,7 @@ cols = st.columns(len(chosen))
 for col, row in zip(cols, cmp.iter_rows(named=True)):
     with col:
         st.markdown(f"**{row['run_id']}**")
-        st.metric("Goodput", f"{row['goodput_rps']:.2f} req/s")
+        st.metric("Goodput (req/s)", f"{row['goodput_rps']:.2f}")
         st.metric("SLO attainment", _ui.fmt_pct(row["attainment"]))
         st.metric("Failures", f"{row['failed']:,}")
 
@@ -69,4 +69,4 @@ else:
         y=alt.Y("kind:N", title="status / HTTP status"),
         color=alt.Color("run_id:N", title="run"), yOffset="run_id:N",
         tooltip=["run_id:N", "kind:N", "requests:Q"],
-    ).properties(height=max(100, 40 * failures.height)))
+    ).properties(height=alt.Step(20)))

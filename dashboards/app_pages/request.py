@@ -26,20 +26,20 @@ if detail.height == 0:
 r = detail.row(0, named=True)
 slo = _ui.slo()
 
-cols = st.columns(6)
+cols = st.columns(5)
 cols[0].metric("Status", str(r["status"]))
 cols[1].metric("TTFT", _ui.fmt_ms(r["ttft_ms"]),
-               delta=None if r["ttft_ms"] is None else _ui.fmt_ms(r["ttft_ms"] - slo["ttft_ms"]),
+               delta=None if r["ttft_ms"] is None
+               else f"{r['ttft_ms'] - slo['ttft_ms']:+,.0f} ms vs SLO",
                delta_color="inverse")
 cols[2].metric("TPOT", _ui.fmt_ms(r["tpot_ms"]))
 cols[3].metric("E2E", _ui.fmt_ms(r["e2e_ms"]))
 cols[4].metric("Chosen replica", str(r["chosen_replica"]))
-cols[5].metric("Policy", str(r["policy"]))
-st.caption(f"run `{r['run_id']}` · router `{r['router_id']}` · served by `{r['served_by']}` · "
-           f"attempts {r['attempts']} · input {r['input_tokens']} tokens · output "
-           f"{r['output_tokens']} tokens · sides seen: client={r['has_client']}, "
-           f"router={r['has_router']}, replica={r['has_replica']} · link {r['link_method']}"
-           + (" · ⚠ clock suspect" if r["clock_suspect"] else ""))
+st.caption(f"policy `{r['policy']}` · router `{r['router_id']}` · run `{r['run_id']}` · "
+           f"served by `{r['served_by']}` · attempts {r['attempts']} · input "
+           f"{r['input_tokens']} tokens · output {r['output_tokens']} tokens · sides seen: "
+           f"client={r['has_client']}, router={r['has_router']}, replica={r['has_replica']} · "
+           f"link {r['link_method']}" + (" · ⚠ clock suspect" if r["clock_suspect"] else ""))
 
 st.subheader("Verdict")
 attributions = _ui.query("request_attributions", request_id, slo)
@@ -68,11 +68,12 @@ else:
     _ui.chart(alt.Chart(waterfall.to_pandas()).mark_bar().encode(
         x=alt.X("start_ms:Q", title="time since the request's first span (ms)"),
         x2="end_ms:Q",
-        y=alt.Y("phase:N", title=None, sort=None),
+        y=alt.Y("phase:N", title=None, sort=None,
+                axis=alt.Axis(labelLimit=320, labelOverlap=False)),
         color=alt.Color("lane:N", title="side"),
         tooltip=["lane:N", "phase:N", alt.Tooltip("start_ms:Q", format=",.1f"),
                  alt.Tooltip("duration_ms:Q", format=",.1f")],
-    ).properties(height=max(120, 28 * waterfall.height)))
+    ).properties(height=max(120, 36 * waterfall.height)))
 
 st.subheader("Decision record")
 decisions = _ui.query("request_decisions", request_id)

@@ -16,7 +16,7 @@ slo = _ui.slo()
 st.caption(f"Requests that succeeded but missed TTFT ≤ {slo['ttft_ms']:,.0f} ms or "
            f"TPOT ≤ {slo['tpot_ms']:,.0f} ms. Pick a row to open its drill-down.")
 
-opts = _ui.query("filter_options", slo)
+opts = _ui.query("filter_options")
 if opts is None:
     st.stop()
 if opts["first_at"] is None:
@@ -32,12 +32,17 @@ def pick(col: st.delta_generator.DeltaGenerator, label: str, choices: list[str])
     return None if value == ALL else value
 
 
+# Every cause seen under these SLO targets (the unfiltered breakdown, also shown when no
+# filter is set: one query on the attribution relations rather than two).
+all_causes = _ui.query("slow_cause_breakdown", slo)
+causes = [] if all_causes is None else all_causes["cause"].to_list()
+
 cols = st.columns(5)
 replica = pick(cols[0], "Replica", opts["replicas"])
 router = pick(cols[1], "Router", opts["routers"])
 policy = pick(cols[2], "Policy", opts["policies"])
 run = pick(cols[3], "Run", opts["runs"])
-cause = pick(cols[4], "Cause", opts["causes"] if attributed else ["unattributed"])
+cause = pick(cols[4], "Cause", causes)
 
 start: datetime | None = None
 end: datetime | None = None
@@ -53,7 +58,8 @@ if (last - first) >= timedelta(seconds=2):
 
 filters = dict(start=start, end=end, replica=replica, router=router, policy=policy, run=run,
                cause=cause)
-breakdown = _ui.query("slow_cause_breakdown", slo, **filters)
+breakdown = (all_causes if not any(v is not None for v in filters.values())
+             else _ui.query("slow_cause_breakdown", slo, **filters))
 table = _ui.query("slow_requests", slo, **filters)
 if breakdown is None or table is None:
     st.stop()
@@ -73,15 +79,15 @@ bd = breakdown.to_pandas()
 with left:
     _ui.chart(alt.Chart(bd).mark_bar().encode(
         x=alt.X("requests:Q", title="slow requests (count)"),
-        y=alt.Y("cause:N", title="primary cause", sort="-x"),
+        y=alt.Y("cause:N", title="primary cause", sort=None),
         tooltip=["cause:N", "requests:Q", alt.Tooltip("share:Q", format=".1%")],
-    ).properties(title="By count", height=max(80, 30 * len(bd))))
+    ).properties(title="By count", height=alt.Step(30)))
 with right:
     _ui.chart(alt.Chart(bd).mark_bar(color="#d62728").encode(
         x=alt.X("total_excess_ms:Q", title="total excess (ms)"),
-        y=alt.Y("cause:N", title="primary cause", sort="-x"),
+        y=alt.Y("cause:N", title="primary cause", sort=None),
         tooltip=["cause:N", alt.Tooltip("total_excess_ms:Q", format=",.0f")],
-    ).properties(title="By total excess ms", height=max(80, 30 * len(bd))))
+    ).properties(title="By total excess ms", height=alt.Step(30)))
 
 st.subheader(f"Worst {table.height} slow requests")
 event = st.dataframe(

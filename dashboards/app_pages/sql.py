@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import json
+
+import polars as pl
 import streamlit as st
 
 from audit import queries
 from dashboards import _ui
 
 MAX_ROWS = 10_000
+
+
+def to_csv(df: pl.DataFrame) -> str:
+    """CSV of ``df``; lists and structs (CSV has no nesting) become JSON text."""
+    nested = [c for c, t in df.schema.items() if t.is_nested()]
+    if nested:
+        df = df.with_columns(
+            pl.Series(c, [None if v is None else json.dumps(v, default=str)
+                          for v in df[c].to_list()], dtype=pl.String)
+            for c in nested
+        )
+    return df.write_csv()
 
 st.title("SQL")
 st.caption("Read-only: SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN. Writes, ATTACH, COPY, "
@@ -29,5 +44,5 @@ if last:
         df, truncated = answer
         st.caption(f"{df.height:,} rows" + (f" (first {MAX_ROWS:,} shown)" if truncated else ""))
         st.dataframe(df, hide_index=True)
-        st.download_button("Download CSV", df.write_csv(), file_name="routeaudit-query.csv",
+        st.download_button("Download CSV", to_csv(df), file_name="routeaudit-query.csv",
                            mime="text/csv", key="sql_csv")

@@ -34,7 +34,9 @@ else:
         ).properties(title="Telemetry age at decision time", height=300))
 
 st.subheader("Herding episodes")
-if not _ui.has("herding_episodes"):
+if by_router.height == 0:
+    st.info("Herding episodes are found in decision records; there are none yet.")
+elif not _ui.has("herding_episodes"):
     st.info("The `herding_episodes` relation is not in this store yet (attribution layer).")
 else:
     episodes = _ui.query("herding_episodes")

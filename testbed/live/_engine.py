@@ -102,8 +102,7 @@ class LiveEngine:
         """Run every replica event due by now; the clock then reads now."""
         v = self.vnow()
         self.env.run(until=v)
-        if self.env.now < v:
-            self.env.now = v
+        self.env.now = max(self.env.now, v)
 
     # ---------------------------------------------------------------- requests
     @property

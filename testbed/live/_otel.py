@@ -85,7 +85,9 @@ def make_tracer_provider(
     if exporter is not None:
         inner: SpanExporter = _Shared(exporter)
     elif otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         inner = OTLPSpanExporter(endpoint=otlp_endpoint, timeout=10)
     else:

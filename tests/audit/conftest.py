@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from relation_rows import RawRows, store_from_pb
+import polars as pl
+from relation_rows import RawRows, all_marts, scenario_rows, scenario_snapshots, store_from_pb
 
 from audit._store import Store
 
@@ -38,3 +39,18 @@ def all_captures_store(captures: Path, tmp_path_factory: pytest.TempPathFactory)
     )
     yield store
     store.close()
+
+
+@pytest.fixture(scope="session")
+def scenario_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """One store holding every hand-built scenario of relation_rows.scenario_rows()."""
+    store = Store(tmp_path_factory.mktemp("scenarios") / "scenarios.duckdb")
+    spans, events = scenario_rows().tables()
+    store.append(spans=spans, events=events, snapshots=scenario_snapshots())
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="session")
+def scenario(scenario_store: Store) -> dict[str, pl.DataFrame]:
+    return all_marts(scenario_store)

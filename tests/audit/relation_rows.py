@@ -230,3 +230,114 @@ def store_from_pb(path: Path, files: Iterable[Path]) -> Store:
     return store
 
 
+
+
+REPLICA_NAMES = {
+    "1": ("http://LOCALHOST:18001/v1/chat/completions", None, "127.0.0.1:18001"),
+    "2": ("127.0.0.1:18001", None, "127.0.0.1:18001"),
+    "3": ("localhost:18001", 0, "127.0.0.1:18001"),
+    "4": ("http://127.0.0.1:18001", 2, "127.0.0.1:18001#2"),
+    "5": ("engine-uuid-7", None, "engine-uuid-7"),
+    "6": ("https://Replica-A.example:8443/x?y=1", None, "replica-a.example:8443"),
+}
+"""span id -> (replica id as emitted, DP rank, expected normalised id); trace ``77``."""
+
+STATUS_CASES = {
+    21: ("cancelled", "routed", "cancelled"),
+    22: ("timeout", "routed", "timeout"),
+    23: ("rejected", "rejected", "rejected"),
+    24: ("error", "routed", "error"),
+}
+"""request number -> (client status, decision outcome, expected requests.status)."""
+
+
+def scenario_rows() -> RawRows:
+    """Several independent scenarios in one store (clocks agree; ids and traces distinct).
+
+    * ``req-1``..``req-3``: client -> decision -> forward -> replica, one trace each;
+    * ``req-21``..``req-24``: statuses (see STATUS_CASES);
+    * ``client-req-7``: SMG-like router starting its own trace, linked by request id;
+    * ``r-9``: client + replica whose router span never arrived;
+    * ``x``: a lone rejected decision;
+    * trace ``77``: replica spans naming one replica in several ways (REPLICA_NAMES).
+    """
+    rows = RawRows()
+    for n in range(1, 4):
+        one_request(rows, n=n, base_ns=T0 + n * 2000 * MS)
+    for n, (client_status, outcome, _) in STATUS_CASES.items():
+        one_request(rows, n=n, base_ns=T0 + n * 2000 * MS, client_status=client_status,
+                    decision_outcome=outcome)
+    b = T0 + 100_000 * MS
+    rows.span(
+        "c1", "c1", None, semconv.SPAN_CLIENT, kind="client", start_ns=b, end_ns=b + 50 * MS,
+        attrs={semconv.COMPONENT: "client", semconv.REQUEST_ID: "client-req-7",
+               semconv.HTTP_METHOD: "POST", semconv.REQUEST_ENDPOINT: "/v1/completions",
+               semconv.CLIENT_TTFT_MS: 20.0, semconv.CLIENT_E2E_MS: 50.0,
+               semconv.USAGE_OUTPUT_TOKENS: 1},
+        resource={semconv.HOST_NAME: "client-host"},
+    )
+    rows.span(
+        "5a", "5a", None, "http_request", start_ns=b + 2 * MS, end_ns=b + 48 * MS,
+        scope_name="smg",
+        attrs={"method": "POST", "uri": "/v1/completions", "request_id": "client-req-7",
+               "status_code": "200", "latency": "46000"},
+        resource={semconv.SERVICE_NAME: "smg"},
+        events=[(semconv.EVENT_SMG_SENDING, b + 3 * MS, {"url": "http://localhost:18002"})],
+    )
+    rows.span(
+        "5a", "5e", "5a", semconv.SPAN_VLLM_REQUEST, kind="server",
+        start_ns=b + 4 * MS, end_ns=b + 46 * MS,
+        attrs={semconv.GEN_AI_REQUEST_ID: "cmpl-client-req-7-0",
+               semconv.USAGE_PROMPT_TOKENS: 5, semconv.USAGE_COMPLETION_TOKENS: 1,
+               semconv.LATENCY_TTFT_S: 0.01},
+        resource={semconv.SERVICE_NAME: "vllm", semconv.SERVICE_INSTANCE_ID: "engine-b"},
+    )
+    b = T0 + 200_000 * MS
+    rows.span(
+        "b1", "c1", None, semconv.SPAN_CLIENT, kind="client", start_ns=b, end_ns=b + 50 * MS,
+        attrs={semconv.COMPONENT: "client", semconv.REQUEST_ID: "r-9",
+               semconv.HTTP_METHOD: "POST"},
+        resource={semconv.HOST_NAME: "client-host"},
+    )
+    # the parent is the router's forward span, which never arrived
+    rows.span(
+        "b1", "e1", "f1", semconv.SPAN_VLLM_REQUEST, kind="server",
+        start_ns=b + 5 * MS, end_ns=b + 45 * MS,
+        attrs={semconv.GEN_AI_REQUEST_ID: "cmpl-0123abcd-0",
+               semconv.USAGE_COMPLETION_TOKENS: 3,
+               semconv.LATENCY_TTFT_S: 0.01, semconv.LATENCY_E2E_S: 0.04},
+        resource={semconv.HOST_NAME: "replica-host"},
+    )
+    rows.span(
+        "d9", "d9", None, semconv.SPAN_DECISION, start_ns=b, end_ns=b + MS,
+        attrs={semconv.COMPONENT: "router", semconv.REQUEST_ID: "x",
+               semconv.DECISION_OUTCOME: "rejected"},
+        resource={semconv.HOST_NAME: "router-host"},
+    )
+    for sid, (name, rank, _) in REPLICA_NAMES.items():
+        attrs: dict[str, Any] = {semconv.REPLICA_ID: name, semconv.COMPONENT: "replica"}
+        if rank is not None:
+            attrs[semconv.REPLICA_DP_RANK] = rank
+        rows.span("77", sid, None, semconv.SPAN_VLLM_REQUEST, kind="server",
+                  start_ns=b, end_ns=b + MS, attrs=attrs)
+    return rows
+
+
+def scenario_snapshots() -> pa.Table:
+    from audit.schema import RAW_SNAPSHOTS_SCHEMA
+
+    base = {f.name: None for f in RAW_SNAPSHOTS_SCHEMA}
+    snaps = [
+        base | dict(target="http://localhost:18001/metrics", replica="localhost:18001",
+                    dp_rank=0, scraped_ns=T0 + i * 1000 * MS, ok=True,
+                    prefix_cache_queries=float(q), prefix_cache_hits=float(h))
+        for i, (q, h) in enumerate([(100, 50), (200, 125), (200, 125), (50, 10)])
+    ]
+    return pa.Table.from_pylist(snaps + snaps[:1], schema=RAW_SNAPSHOTS_SCHEMA)
+
+
+def all_marts(store: Store) -> dict[str, pl.DataFrame]:
+    """Every mart and the staged spans, read once."""
+    names = ("requests", "decisions", "candidates", "executions", "snapshots", "stg_spans",
+             "int_clock_offsets")
+    return {n: query(store, f"select * from {n}") for n in names}

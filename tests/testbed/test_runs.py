@@ -125,7 +125,7 @@ def test_admission_limit_rejects() -> None:
 
 def test_public_surface() -> None:
     names = {n for n in dir(testbed) if not n.startswith("_")}
-    modules = {"emit", "policies", "workloads"}
+    modules = {"emit", "policies", "workloads", "live"}
     assert set(testbed.__all__) == names - modules
 
 

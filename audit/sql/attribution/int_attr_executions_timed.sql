@@ -1,21 +1,17 @@
 -- int_attr_executions_timed: one row per execution (executions mart) with its phase boundaries
 -- on the reference clock: arrival (start_at), prefill start (start_at + queue), first token
 -- (start_at + TTFT) and end. Durations are the engine's own; only start_at/end_at are
--- cross-host corrected. Also the run (from requests) and the uncached prompt tokens.
+-- cross-host corrected. Also the uncached prompt tokens. Reads the executions mart only: the
+-- attribution relations each read a mart once (views are inlined; planning cost multiplies).
 with
 
 all_executions as (
     select * from executions
 ),
 
-all_requests as (
-    select * from requests
-),
-
 durations as (
     select
         e.*,
-        r.run_id,
         coalesce(e.queue_ms, greatest(e.ttft_ms - e.prefill_ms, 0.0), 0.0)
             as queue_ms_eff,
         coalesce(e.ttft_ms, e.queue_ms + e.prefill_ms) as ttft_ms_eff,
@@ -23,8 +19,6 @@ durations as (
             coalesce(e.input_tokens, 0) - coalesce(e.cached_tokens, 0), 0
         ) as uncached_tokens
     from all_executions as e
-    left join all_requests as r
-        on e.request_id = r.request_id
 ),
 
 timed as (

@@ -1,16 +1,17 @@
 -- int_clock_bounds_per_domain_pair: one row per pair of clock domains that have at least one
--- cross-domain parent/child span pair (grain: domain_a, domain_b with domain_a < domain_b).
+-- span paired with an ancestor in the other domain (grain: domain_a, domain_b, a < b).
 --
--- A span lies within its nearest ancestor in another clock domain on true time. With d = offset(child domain) -
--- offset(parent domain), observed child_start - d >= parent_start and child_end - d <=
--- parent_end, so d is in [child_end - parent_end, child_start - parent_start]. Every pair is
+-- A span lies, on true time, within its nearest ancestor in another clock domain. With
+-- d = offset(child domain) - offset(parent domain), observed child_start - d >= parent_start
+-- and child_end - d <= parent_end, so d is in [child_end - parent_end, child_start -
+-- parent_start]. Every pair is
 -- turned to d_ab = offset(domain_a) - offset(domain_b) and the intervals are intersected.
 -- An empty intersection means the clocks are not consistent with one fixed offset (a clock
 -- jump, drift, or a child that outlived its parent); its estimate is then the median of the
 -- per-pair midpoints. See docs/clock.md.
 with recursive
 
-stg_spans_source as (
+stg_spans_source as materialized (
 
     select * from stg_spans
 
@@ -20,7 +21,7 @@ stg_spans_source as (
 -- ancestor in another domain: the remote caller waits for this process, so the span lies
 -- within it. In-process ancestors are skipped on purpose: a routeaudit.decision span ends
 -- before its forward child does.
-walk_up_to_other_domain as (
+walk_up_to_other_domain as materialized (
 
     select
         spans.trace_id,
@@ -61,7 +62,7 @@ walk_up_to_other_domain as (
 
 ),
 
-cross_domain_pairs as (
+cross_domain_pairs as materialized (
 
     select
         origin_domain as child_domain,
@@ -73,7 +74,7 @@ cross_domain_pairs as (
 
 ),
 
-pairs_oriented as (
+pairs_oriented as materialized (
 
     select
         least(child_domain, parent_domain) as domain_a,
@@ -88,7 +89,7 @@ pairs_oriented as (
 
 ),
 
-bounds_intersected as (
+bounds_intersected as materialized (
 
     select
         domain_a,

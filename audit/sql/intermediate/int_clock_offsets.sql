@@ -8,19 +8,19 @@
 -- the reference: offset taken as 0). See docs/clock.md.
 with
 
-stg_spans_source as (
+stg_spans_source as materialized (
 
     select * from stg_spans
 
 ),
 
-int_clock_bounds_per_domain_pair_source as (
+int_clock_bounds_per_domain_pair_source as materialized (
 
     select * from int_clock_bounds_per_domain_pair
 
 ),
 
-domains as (
+domains as materialized (
 
     select
         clock_domain,
@@ -32,7 +32,7 @@ domains as (
 
 ),
 
-reference_domain as (
+reference_domain as materialized (
 
     select clock_domain
     from domains
@@ -41,7 +41,7 @@ reference_domain as (
 
 ),
 
-directed_edges as (
+directed_edges as materialized (
 
     select
         domain_a as from_domain,
@@ -67,7 +67,7 @@ directed_edges as (
 
 ),
 
-domains_with_inconsistent_edges as (
+domains_with_inconsistent_edges as materialized (
 
     select domain_a as clock_domain
     from int_clock_bounds_per_domain_pair_source
@@ -81,7 +81,7 @@ domains_with_inconsistent_edges as (
 
 ),
 
-offsets_level_0 as (
+offsets_level_0 as materialized (
 
     select
         clock_domain,
@@ -95,7 +95,7 @@ offsets_level_0 as (
 
 ),
 
-offsets_level_1_candidates as (
+offsets_level_1_candidates as materialized (
 
     select
         directed_edges.to_domain as clock_domain,
@@ -119,7 +119,7 @@ offsets_level_1_candidates as (
 
 ),
 
-offsets_level_1 as (
+offsets_level_1 as materialized (
 
     select
         clock_domain,
@@ -133,7 +133,7 @@ offsets_level_1 as (
     where preference = 1
 
 ),
-offsets_level_2_candidates as (
+offsets_level_2_candidates as materialized (
 
     select
         directed_edges.to_domain as clock_domain,
@@ -158,7 +158,7 @@ offsets_level_2_candidates as (
 
 ),
 
-offsets_level_2 as (
+offsets_level_2 as materialized (
 
     select
         clock_domain,
@@ -172,7 +172,7 @@ offsets_level_2 as (
     where preference = 1
 
 ),
-offsets_level_3_candidates as (
+offsets_level_3_candidates as materialized (
 
     select
         directed_edges.to_domain as clock_domain,
@@ -198,7 +198,7 @@ offsets_level_3_candidates as (
 
 ),
 
-offsets_level_3 as (
+offsets_level_3 as materialized (
 
     select
         clock_domain,
@@ -212,7 +212,7 @@ offsets_level_3 as (
     where preference = 1
 
 ),
-offsets_level_4_candidates as (
+offsets_level_4_candidates as materialized (
 
     select
         directed_edges.to_domain as clock_domain,
@@ -239,7 +239,7 @@ offsets_level_4_candidates as (
 
 ),
 
-offsets_level_4 as (
+offsets_level_4 as materialized (
 
     select
         clock_domain,
@@ -253,7 +253,7 @@ offsets_level_4 as (
     where preference = 1
 
 ),
-offsets_reached as (
+offsets_reached as materialized (
 
     select * from offsets_level_0
     union all

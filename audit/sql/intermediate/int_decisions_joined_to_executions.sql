@@ -6,19 +6,19 @@
 -- with one attempt, the request's latest replica span (the trace was broken).
 with
 
-int_decisions_unioned_source as (
+int_decisions_unioned_source as materialized (
 
     select * from int_decisions_unioned
 
 ),
 
-int_spans_clock_corrected_source as (
+int_spans_clock_corrected_source as materialized (
 
     select * from int_spans_clock_corrected
 
 ),
 
-decisions_numbered as (
+decisions_numbered as materialized (
 
     select
         *,
@@ -34,7 +34,7 @@ decisions_numbered as (
 
 ),
 
-replica_spans as (
+replica_spans as materialized (
 
     select *
     from int_spans_clock_corrected_source
@@ -42,7 +42,7 @@ replica_spans as (
 
 ),
 
-executions_by_parent as (
+executions_by_parent as materialized (
 
     select
         decisions_numbered.decision_id,
@@ -64,7 +64,7 @@ executions_by_parent as (
 
 ),
 
-executions_by_request as (
+executions_by_request as materialized (
 
     select
         decisions_numbered.decision_id,

@@ -10,25 +10,25 @@
 -- Third-party rows have recorded = false: reconstructed from the router's own spans.
 with
 
-int_spans_clock_corrected_source as (
+int_spans_clock_corrected_source as materialized (
 
     select * from int_spans_clock_corrected
 
 ),
 
-stg_candidates_source as (
+stg_candidates_source as materialized (
 
     select * from stg_candidates
 
 ),
 
-stg_smg_sending_source as (
+stg_smg_sending_source as materialized (
 
     select * from stg_smg_sending
 
 ),
 
-routeaudit_decision_spans as (
+routeaudit_decision_spans as materialized (
 
     select *
     from int_spans_clock_corrected_source
@@ -36,7 +36,7 @@ routeaudit_decision_spans as (
 
 ),
 
-forward_spans as (
+forward_spans as materialized (
 
     select *
     from int_spans_clock_corrected_source
@@ -44,7 +44,7 @@ forward_spans as (
 
 ),
 
-last_forward_per_parent as (
+last_forward_per_parent as materialized (
 
     select
         trace_id,
@@ -58,7 +58,7 @@ last_forward_per_parent as (
 
 ),
 
-candidate_counts as (
+candidate_counts as materialized (
 
     select
         trace_id,
@@ -70,7 +70,7 @@ candidate_counts as (
 
 ),
 
-routeaudit_decisions as (
+routeaudit_decisions as materialized (
 
     select
         decisions.span_id as decision_id,
@@ -111,7 +111,7 @@ routeaudit_decisions as (
 
 ),
 
-smg_server_spans as (
+smg_server_spans as materialized (
 
     select *
     from int_spans_clock_corrected_source
@@ -120,7 +120,7 @@ smg_server_spans as (
 
 ),
 
-smg_decisions as (
+smg_decisions as materialized (
 
     select
         smg.span_id || ':' || coalesce(sending.event_index::varchar, '-')
@@ -157,7 +157,7 @@ smg_decisions as (
 
 ),
 
-third_party_forward_spans as (
+third_party_forward_spans as materialized (
 
     select *
     from forward_spans
@@ -165,7 +165,7 @@ third_party_forward_spans as (
 
 ),
 
-third_party_server_spans as (
+third_party_server_spans as materialized (
 
     select *
     from int_spans_clock_corrected_source
@@ -174,7 +174,7 @@ third_party_server_spans as (
 
 ),
 
-third_party_forward_decisions as (
+third_party_forward_decisions as materialized (
 
     select
         forwards.span_id as decision_id,
@@ -208,7 +208,7 @@ third_party_forward_decisions as (
 
 ),
 
-third_party_server_decisions as (
+third_party_server_decisions as materialized (
 
     select
         servers.span_id as decision_id,

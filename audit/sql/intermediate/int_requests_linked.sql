@@ -10,19 +10,19 @@
 -- 3. Merges are followed twice (replica -> router -> client).
 with
 
-stg_spans_source as (
+stg_spans_source as materialized (
 
     select * from stg_spans
 
 ),
 
-int_spans_anchored_by_trace_source as (
+int_spans_anchored_by_trace_source as materialized (
 
     select * from int_spans_anchored_by_trace
 
 ),
 
-anchored_side_spans as (
+anchored_side_spans as materialized (
 
     select
         anchored.trace_id,
@@ -40,7 +40,7 @@ anchored_side_spans as (
 
 ),
 
-groups_by_anchor as (
+groups_by_anchor as materialized (
 
     select
         trace_id,
@@ -58,7 +58,7 @@ groups_by_anchor as (
 
 ),
 
-group_request_ids as (
+group_request_ids as materialized (
 
     select distinct
         trace_id,
@@ -69,7 +69,7 @@ group_request_ids as (
 
 ),
 
-merge_candidates_by_trace as (
+merge_candidates_by_trace as materialized (
 
     select
         from_group.trace_id,
@@ -86,7 +86,7 @@ merge_candidates_by_trace as (
 
 ),
 
-merge_candidates_by_request_id as (
+merge_candidates_by_request_id as materialized (
 
     select
         from_ids.trace_id,
@@ -114,7 +114,7 @@ merge_candidates_by_request_id as (
 
 ),
 
-merge_candidates_unioned as (
+merge_candidates_unioned as materialized (
 
     select
         *,
@@ -130,7 +130,7 @@ merge_candidates_unioned as (
 
 ),
 
-merge_candidates as (
+merge_candidates as materialized (
 
     select
         trace_id,
@@ -152,7 +152,7 @@ merge_candidates as (
 
 ),
 
-merge_candidates_ranked as (
+merge_candidates_ranked as materialized (
 
     select
         *,
@@ -170,7 +170,7 @@ merge_candidates_ranked as (
 
 ),
 
-first_merges as (
+first_merges as materialized (
 
     select
         trace_id,
@@ -183,7 +183,7 @@ first_merges as (
 
 ),
 
-resolved_groups as (
+resolved_groups as materialized (
 
     select
         groups_by_anchor.trace_id,
@@ -214,7 +214,7 @@ resolved_groups as (
 
 ),
 
-spans_with_request as (
+spans_with_request as materialized (
 
     select
         anchored_side_spans.trace_id,
@@ -232,7 +232,7 @@ spans_with_request as (
 
 ),
 
-link_method_per_request as (
+link_method_per_request as materialized (
 
     select
         request_key,

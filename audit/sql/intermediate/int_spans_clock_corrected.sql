@@ -3,19 +3,19 @@
 -- clock (corrected_*_ns = observed - offset of the span's clock domain).
 with
 
-stg_spans_source as (
+stg_spans_source as materialized (
 
     select * from stg_spans
 
 ),
 
-int_requests_linked_source as (
+int_requests_linked_source as materialized (
 
     select * from int_requests_linked
 
 ),
 
-int_clock_offsets_source as (
+int_clock_offsets_source as materialized (
 
     select * from int_clock_offsets
 

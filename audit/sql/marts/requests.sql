@@ -5,25 +5,25 @@
 -- replica; tpot_ms = (e2e_ms - ttft_ms) / (output_tokens - 1), null when fewer than 2 tokens.
 with
 
-int_spans_clock_corrected_source as (
+int_spans_clock_corrected_source as materialized (
 
     select * from int_spans_clock_corrected
 
 ),
 
-int_decisions_joined_to_executions_source as (
+int_decisions_joined_to_executions_source as materialized (
 
     select * from int_decisions_joined_to_executions
 
 ),
 
-stg_candidates_source as (
+stg_candidates_source as materialized (
 
     select * from stg_candidates
 
 ),
 
-client_sides as (
+client_sides as materialized (
 
     select *
     from int_spans_clock_corrected_source
@@ -34,7 +34,7 @@ client_sides as (
 
 ),
 
-router_sides as (
+router_sides as materialized (
 
     select *
     from int_spans_clock_corrected_source
@@ -53,7 +53,7 @@ router_sides as (
 
 ),
 
-replica_sides as (
+replica_sides as materialized (
 
     select *
     from int_spans_clock_corrected_source
@@ -65,7 +65,7 @@ replica_sides as (
 
 ),
 
-sides_per_request as (
+sides_per_request as materialized (
 
     select
         request_key,
@@ -91,7 +91,7 @@ sides_per_request as (
 
 ),
 
-final_decisions as (
+final_decisions as materialized (
 
     select
         request_key,
@@ -110,7 +110,7 @@ final_decisions as (
 
 ),
 
-predicted_cache_of_chosen as (
+predicted_cache_of_chosen as materialized (
 
     select
         final_decisions.request_key,
@@ -127,7 +127,7 @@ predicted_cache_of_chosen as (
 
 ),
 
-requests_joined as (
+requests_joined as materialized (
 
     select
         sides.request_key,
@@ -190,7 +190,7 @@ requests_joined as (
 
 ),
 
-requests_timed as (
+requests_timed as materialized (
 
     select
         *,

@@ -1,0 +1,588 @@
+-- attributions: one row per cause per request that needs explaining (a successful request that
+-- missed a target, or a timeout). A request may have several causes; is_primary marks the one
+-- with the largest excess_ms. excess_ms is the latency the cause cost: TTFT ms for TTFT causes,
+-- decode ms ((TPOT - reference) * (output tokens - 1)) for TPOT causes. Every request that
+-- needs explaining has at least one row: 'unknown' when the trace is complete and no rule
+-- fires, 'incomplete_trace' when a side is missing. Rules and thresholds: docs/attribution.md.
+with
+
+assessed as (
+    select * from int_attr_candidates_assessed
+),
+
+thresholds as (
+    select * from int_attr_thresholds
+),
+
+-- the rows of the final routing attempt of each request to explain
+final_rows as (
+    select *
+    from assessed
+    where needs_attribution and coalesce(is_final, true)
+),
+
+request_level as (
+    select
+        request_id,
+        any_value(run_id) as run_id,
+        any_value(status) as status,
+        any_value(missed) as missed,
+        any_value(ttft_ms) as ttft_ms,
+        any_value(tpot_ms) as tpot_ms,
+        any_value(output_tokens) as output_tokens,
+        any_value(input_tokens) as input_tokens,
+        any_value(ttft_slo_ms) as ttft_slo_ms,
+        any_value(tpot_slo_ms) as tpot_slo_ms,
+        any_value(ttft_excess_ms) as ttft_excess_ms,
+        any_value(tpot_excess_ms) as tpot_excess_ms,
+        any_value(total_excess_ms) as total_excess_ms,
+        any_value(has_client) as has_client,
+        any_value(has_router) as has_router,
+        any_value(has_replica) as has_replica,
+        any_value(coalesce(clock_suspect, false)) as clock_suspect,
+        any_value(replica_ttft_ms) as replica_ttft_ms,
+        any_value(predicted_cached_tokens) as request_predicted_cached_tokens,
+        any_value(actual_cached_tokens) as request_actual_cached_tokens,
+        any_value(served_by) as served_by,
+        any_value(router_id) as router_id,
+        any_value(policy) as policy,
+        any_value(client_start) as client_start,
+        bool_or(decision_span_id is not null or decided_at is not null)
+            as has_decision,
+        count(replica) as candidates,
+        count(replica) filter (where eligible and not replica_observed)
+            as eligible_unobserved,
+        min(prefill_ideal_ms) filter (where eligible and replica_observed)
+            as ideal_prefill_ms,
+        arg_min(replica, prefill_ideal_ms)
+            filter (where eligible and replica_observed) as ideal_replica
+    from final_rows
+    group by all
+),
+
+chosen as (
+    select *
+    from final_rows
+    where chosen
+    qualify row_number() over (partition by request_id order by replica) = 1
+),
+
+best_alternative as (
+    select *
+    from final_rows
+    where
+        not chosen
+        and eligible
+        and replica_observed
+        and ttft_est_ms is not null
+    qualify row_number() over (
+        partition by request_id order by ttft_est_ms, replica
+    ) = 1
+),
+
+client_gaps as (
+    -- the client-minus-replica TTFT gap a request of the run normally has
+    select
+        run_id,
+        median(ttft_ms - replica_ttft_ms) as run_gap_p50_ms
+    from (
+        select distinct
+            request_id,
+            run_id,
+            ttft_ms,
+            replica_ttft_ms
+        from assessed
+        where has_client and replica_ttft_ms is not null and status = 'ok'
+    )
+    group by all
+),
+
+subjects as (
+    select
+        r.*,
+        c.replica as chosen_replica,
+        c.evidence_source,
+        c.seen_waiting as c_seen_waiting,
+        c.seen_running as c_seen_running,
+        c.seen_pending as c_seen_pending,
+        c.seen_kv_usage as c_seen_kv_usage,
+        c.telemetry_age_ms as c_telemetry_age_ms,
+        c.true_waiting as c_true_waiting,
+        c.true_running as c_true_running,
+        c.true_remaining_tokens as c_true_remaining_tokens,
+        c.predicted_cached_tokens as c_predicted_cached_tokens,
+        c.router_est_queue_ms as c_router_est_queue_ms,
+        c.router_est_prefill_ms as c_router_est_prefill_ms,
+        c.prefill_ms_per_token as c_prefill_ms_per_token,
+        c.prefill_intercept_ms as c_prefill_intercept_ms,
+        c.decode_ms_per_token as c_decode_ms_per_token,
+        c.calibrated_from as c_calibrated_from,
+        c.fleet_prefill_ms_per_token,
+        c.fleet_prefill_intercept_ms,
+        c.fleet_decode_ms_per_token,
+        c.decided_at,
+        c.decision_reason,
+        c.exec_span_id,
+        c.exec_queue_ms,
+        c.exec_prefill_ms,
+        c.exec_ttft_ms,
+        c.exec_cached_tokens,
+        c.exec_uncached_tokens,
+        c.in_herding_episode,
+        c.episode_rank,
+        c.episode_decisions,
+        c.episode_unreflected,
+        c.max_kv_usage_scraped,
+        c.preemptions_nearby,
+        c.has_prefix_hashes,
+        c.prefix_last_served_at,
+        c.exec_prefill_start_at,
+        a.replica as alt_replica,
+        a.seen_waiting as a_seen_waiting,
+        a.seen_running as a_seen_running,
+        a.true_running as a_true_running,
+        a.seen_pending as a_seen_pending,
+        a.true_waiting as a_true_waiting,
+        a.wait_est_ms as a_wait_est_ms,
+        a.prefill_est_ms as a_prefill_est_ms,
+        a.ttft_est_ms as a_ttft_est_ms,
+        a.cached_assumed_tokens as a_cached_tokens,
+        a.router_est_queue_ms as a_router_est_queue_ms,
+        a.router_est_prefill_ms as a_router_est_prefill_ms,
+        g.run_gap_p50_ms,
+        coalesce(c.exec_ttft_ms, r.replica_ttft_ms) as actual_replica_ttft_ms,
+        coalesce(c.predicted_cached_tokens, r.request_predicted_cached_tokens)
+            as predicted_cached,
+        coalesce(c.exec_cached_tokens, r.request_actual_cached_tokens)
+            as actual_cached
+    from request_level as r
+    left join chosen as c
+        on r.request_id = c.request_id
+    left join best_alternative as a
+        on r.request_id = a.request_id
+    left join client_gaps as g
+        on r.run_id is not distinct from g.run_id
+),
+
+eviction_sized as (
+    select
+        s.*,
+        case
+            when s.predicted_cached - coalesce(s.actual_cached, 0)
+                >= t.cache_tolerance_tokens
+                and s.exec_span_id is not null
+                then s.predicted_cached - coalesce(s.actual_cached, 0)
+            else 0
+        end as evicted_tokens
+    from subjects as s
+    cross join thresholds as t
+),
+
+compared as (
+    select
+        s.*,
+        s.evicted_tokens * coalesce(s.c_prefill_ms_per_token, 0.0)
+            as eviction_ms,
+        -- what choosing the best alternative would have saved, beyond the eviction
+        s.actual_replica_ttft_ms
+        - s.evicted_tokens * coalesce(s.c_prefill_ms_per_token, 0.0)
+        - s.a_ttft_est_ms as saving_ms,
+        -- load = waiting + running (+ pending assignments the router knew of)
+        s.c_seen_waiting + coalesce(s.c_seen_running, 0)
+        + coalesce(s.c_seen_pending, 0) as c_seen_load,
+        s.a_seen_waiting + coalesce(s.a_seen_running, 0)
+        + coalesce(s.a_seen_pending, 0) as a_seen_load,
+        s.c_true_waiting + s.c_true_running as c_true_load,
+        s.a_true_waiting + s.a_true_running as a_true_load
+    from eviction_sized as s
+),
+
+judged as (
+    select
+        s.*,
+        s.ttft_excess_ms > 0
+        and s.saving_ms >= t.misroute_min_ms
+        and (
+            s.saving_ms >= t.misroute_min_frac * s.actual_replica_ttft_ms
+            or s.ttft_ms - s.saving_ms <= s.ttft_slo_ms
+        ) as is_misrouted,
+        (
+            abs(s.c_true_load - s.c_seen_load) >= t.stale_min_gap
+            or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
+        )
+        and s.c_seen_load <= s.a_seen_load
+        and s.c_true_load > s.a_true_load
+        and (
+            s.c_telemetry_age_ms >= t.stale_age_ms
+            or s.in_herding_episode
+        ) as view_was_stale,
+        least(
+            s.actual_replica_ttft_ms - s.evicted_tokens
+            * coalesce(s.c_prefill_ms_per_token, 0.0),
+            coalesce(s.a_ttft_est_ms, 'infinity'::double)
+        ) as best_available_ms,
+        s.ttft_ms - s.replica_ttft_ms as client_gap_ms
+    from compared as s
+    cross join thresholds as t
+),
+
+cause_misrouting as (
+    select
+        request_id,
+        case when view_was_stale then 'stale_telemetry' else 'misrouting' end
+            as cause,
+        case
+            when view_was_stale and in_herding_episode then 'herding'
+            when view_was_stale then 'stale_view'
+            when (c_router_est_queue_ms is not null
+                or c_router_est_prefill_ms is not null)
+                and coalesce(c_router_est_queue_ms, 0) + coalesce(c_router_est_prefill_ms, 0)
+                <= coalesce(a_router_est_queue_ms, 0) + coalesce(a_router_est_prefill_ms, 0)
+                then 'policy_estimate'
+            when coalesce(exec_queue_ms, 0) - a_wait_est_ms
+                >= coalesce(exec_prefill_ms, 0) - eviction_ms - a_prefill_est_ms
+                then 'load_blind'
+            else 'cache_blind'
+        end as sub_kind,
+        saving_ms as excess_ms,
+        case
+            when view_was_stale then 0.8
+            when c_router_est_queue_ms is not null
+                or c_router_est_prefill_ms is not null then 0.7
+            when coalesce(exec_queue_ms, 0) - a_wait_est_ms
+                >= coalesce(exec_prefill_ms, 0) - eviction_ms - a_prefill_est_ms
+                then 0.8
+            else 0.6
+        end as base_confidence,
+        case
+            when view_was_stale then
+                printf(
+                    'router saw waiting=%s running=%s (pending %s) on %s at age %s ms; true waiting was %s, running %s. ',
+                    coalesce(printf('%.0f', c_seen_waiting), '?'),
+                    coalesce(printf('%.0f', c_seen_running), '?'),
+                    coalesce(cast(c_seen_pending as varchar), '?'),
+                    chosen_replica,
+                    coalesce(printf('%.0f', c_telemetry_age_ms), '?'),
+                    cast(c_true_waiting as varchar),
+                    cast(c_true_running as varchar)
+                )
+                || case
+                    when in_herding_episode then printf(
+                        'decision %d of %d on that telemetry sample; %d assignments unreflected. ',
+                        episode_rank, episode_decisions, episode_unreflected
+                    )
+                    else ''
+                end
+            else printf(
+                'router chose %s (reason %s): true waiting=%d, running=%d, remaining=%.0f tokens; ',
+                chosen_replica,
+                coalesce(decision_reason, '?'),
+                c_true_waiting,
+                c_true_running,
+                c_true_remaining_tokens
+            )
+        end
+        || printf(
+            '%s: true waiting=%d, est wait %.0f ms + prefill %.0f ms (%d cached) = %.0f ms vs actual %.0f ms',
+            alt_replica,
+            a_true_waiting,
+            a_wait_est_ms,
+            a_prefill_est_ms,
+            a_cached_tokens,
+            a_ttft_est_ms,
+            actual_replica_ttft_ms
+        ) as evidence
+    from judged
+    where is_misrouted
+),
+
+cause_eviction as (
+    select
+        request_id,
+        'eviction' as cause,
+        case
+            when has_prefix_hashes and prefix_last_served_at is not null
+                then 'evicted_after_decision'
+            when has_prefix_hashes then 'never_cached'
+            when greatest(
+                coalesce(max_kv_usage_scraped, 0), coalesce(c_seen_kv_usage, 0)
+            ) >= t.kv_pressure
+            or preemptions_nearby > 0
+                then 'evicted_after_decision'
+            else 'never_cached'
+        end as sub_kind,
+        eviction_ms as excess_ms,
+        case
+            when has_prefix_hashes then 0.8
+            when greatest(
+                coalesce(max_kv_usage_scraped, 0), coalesce(c_seen_kv_usage, 0)
+            ) >= t.kv_pressure
+            or preemptions_nearby > 0
+                then 0.6
+            else 0.4
+        end as base_confidence,
+        printf(
+            'router predicted %d cached tokens on %s; replica reported %d at prefill: %d extra tokens x %.3f ms/token',
+            predicted_cached,
+            chosen_replica,
+            coalesce(actual_cached, 0),
+            evicted_tokens,
+            coalesce(c_prefill_ms_per_token, 0.0)
+        )
+        || case
+            when has_prefix_hashes and prefix_last_served_at is not null
+                then printf(
+                    '; a request sharing the prefix had its prefill there %.0f ms before this prefill',
+                    date_diff(
+                        'microsecond', prefix_last_served_at,
+                        coalesce(exec_prefill_start_at, decided_at)
+                    ) / 1000.0
+                )
+            when has_prefix_hashes
+                then '; no earlier request sharing the prefix was served there'
+            else ''
+        end
+        || printf(
+            '; max KV usage %s, preemptions nearby %d',
+            coalesce(
+                printf(
+                    '%.2f',
+                    greatest(max_kv_usage_scraped, c_seen_kv_usage)
+                ),
+                'unknown'
+            ),
+            preemptions_nearby
+        ) as evidence
+    from judged
+    cross join thresholds as t
+    where ttft_excess_ms > 0 and evicted_tokens > 0
+),
+
+cause_overload as (
+    select
+        request_id,
+        'overload' as cause,
+        cast(null as varchar) as sub_kind,
+        best_available_ms - greatest(ttft_slo_ms, coalesce(ideal_prefill_ms, 0.0))
+            as excess_ms,
+        0.7 as base_confidence,
+        printf(
+            'every eligible candidate past the SLO: best available %.0f ms (%s) vs TTFT SLO %.0f ms over %d candidates',
+            best_available_ms,
+            coalesce(alt_replica, chosen_replica),
+            ttft_slo_ms,
+            candidates
+        ) as evidence
+    from judged
+    where
+        ttft_excess_ms > 0
+        and chosen_replica is not null
+        and eligible_unobserved = 0
+        and best_available_ms > ttft_slo_ms
+),
+
+cause_long_prompt as (
+    select
+        request_id,
+        'long_prompt' as cause,
+        cast(null as varchar) as sub_kind,
+        ideal_prefill_ms - ttft_slo_ms as excess_ms,
+        0.8 as base_confidence,
+        printf(
+            'input %d tokens: even idle, the best replica (%s) needs %.0f ms of prefill > TTFT SLO %.0f ms',
+            input_tokens,
+            ideal_replica,
+            ideal_prefill_ms,
+            ttft_slo_ms
+        ) as evidence
+    from judged
+    where ttft_excess_ms > 0 and ideal_prefill_ms > ttft_slo_ms
+),
+
+cause_slow_replica as (
+    select
+        request_id,
+        'slow_replica' as cause,
+        'prefill' as sub_kind,
+        exec_prefill_ms
+        - (
+            fleet_prefill_intercept_ms
+            + fleet_prefill_ms_per_token * exec_uncached_tokens
+        ) as excess_ms,
+        0.6 as base_confidence,
+        printf(
+            '%s prefills at %.3f ms/token vs fleet median %.3f; this prefill %.0f ms for %d uncached tokens',
+            chosen_replica,
+            c_prefill_ms_per_token,
+            fleet_prefill_ms_per_token,
+            exec_prefill_ms,
+            exec_uncached_tokens
+        ) as evidence
+    from judged
+    cross join thresholds as t
+    where
+        ttft_excess_ms > 0
+        and c_calibrated_from in ('replica', 'replica_ratio')
+        and c_prefill_ms_per_token
+        >= t.slow_replica_ratio * fleet_prefill_ms_per_token
+    union all
+    select
+        request_id,
+        'slow_replica' as cause,
+        'decode' as sub_kind,
+        (tpot_ms - fleet_decode_ms_per_token) * (output_tokens - 1) as excess_ms,
+        0.6 as base_confidence,
+        printf(
+            '%s decodes at %.1f ms/token vs fleet median %.1f; TPOT %.1f ms > SLO %.0f ms',
+            chosen_replica,
+            c_decode_ms_per_token,
+            fleet_decode_ms_per_token,
+            tpot_ms,
+            tpot_slo_ms
+        ) as evidence
+    from judged
+    cross join thresholds as t
+    where
+        tpot_excess_ms > 0
+        and output_tokens >= 2
+        and c_decode_ms_per_token
+        >= t.slow_replica_ratio * fleet_decode_ms_per_token
+),
+
+cause_client_network as (
+    select
+        request_id,
+        'client_network' as cause,
+        cast(null as varchar) as sub_kind,
+        client_gap_ms - greatest(coalesce(run_gap_p50_ms, 0.0), 0.0) as excess_ms,
+        0.7 as base_confidence,
+        printf(
+            'client TTFT %.0f ms vs replica TTFT %.0f ms: %.0f ms outside the replica (run median %.0f ms)',
+            ttft_ms,
+            replica_ttft_ms,
+            client_gap_ms,
+            coalesce(run_gap_p50_ms, 0.0)
+        ) as evidence
+    from judged
+    cross join thresholds as t
+    where
+        ttft_excess_ms > 0
+        and has_client
+        and client_gap_ms >= t.client_gap_min_ms
+        and client_gap_ms >= t.client_gap_ratio * replica_ttft_ms
+),
+
+causes_found as (
+    select * from cause_misrouting
+    union all
+    select * from cause_eviction
+    union all
+    select * from cause_overload
+    union all
+    select * from cause_long_prompt
+    union all
+    select * from cause_slow_replica
+    union all
+    select * from cause_client_network
+),
+
+causes_kept as (
+    select f.*
+    from causes_found as f
+    cross join thresholds as t
+    where f.excess_ms >= t.cause_min_ms and not isnan(f.excess_ms)
+),
+
+explained as (
+    select
+        request_id,
+        count(*) as causes,
+        max(excess_ms) as max_excess_ms
+    from causes_kept
+    group by all
+),
+
+cause_missing_evidence as (
+    select
+        j.request_id,
+        case
+            when j.exec_span_id is null and j.replica_ttft_ms is null
+                then 'incomplete_trace'
+            when not j.has_decision then 'incomplete_trace'
+            else 'unknown'
+        end as cause,
+        case
+            when j.exec_span_id is null and j.replica_ttft_ms is null
+                then 'replica_side_missing'
+            when not j.has_decision then 'router_side_missing'
+        end as sub_kind,
+        j.total_excess_ms - coalesce(e.max_excess_ms, 0.0) as excess_ms,
+        0.0 as base_confidence,
+        case
+            when j.exec_span_id is null and j.replica_ttft_ms is null
+                then printf(
+                    'no replica span for this request (client seen: %s, router seen: %s): queue and prefill cannot be rebuilt',
+                    coalesce(cast(j.has_client as varchar), '?'),
+                    coalesce(cast(j.has_router as varchar), '?')
+                )
+            when not j.has_decision
+                then 'no routing decision recorded or linked: the choice cannot be judged'
+            else printf(
+                'no rule explains %.0f ms over the SLO (missed %s)',
+                j.total_excess_ms,
+                coalesce(j.missed, j.status)
+            )
+        end as evidence
+    from judged as j
+    left join explained as e
+        on j.request_id = e.request_id
+    where
+        -- a missing side is always said; 'unknown' only when nothing else was found
+        (j.exec_span_id is null and j.replica_ttft_ms is null)
+        or not j.has_decision
+        or e.request_id is null
+),
+
+all_causes as (
+    select * from causes_kept
+    union all
+    select * from cause_missing_evidence
+),
+
+final as (
+    select
+        s.request_id,
+        s.run_id,
+        c.cause,
+        c.sub_kind,
+        round(greatest(c.excess_ms, 0.0), 1) as excess_ms,
+        row_number() over (
+            partition by s.request_id
+            order by
+                c.excess_ms desc,
+                c.cause not in ('unknown', 'incomplete_trace') desc,
+                c.cause
+        ) = 1 as is_primary,
+        round(
+            c.base_confidence
+            * case when s.evidence_source = 'reconstructed' then 0.75 else 1.0 end
+            * case when s.clock_suspect then 0.5 else 1.0 end,
+            2
+        ) as confidence,
+        c.evidence,
+        coalesce(s.evidence_source, 'recorded') as evidence_source,
+        s.status,
+        s.missed,
+        s.ttft_ms,
+        s.tpot_ms,
+        s.total_excess_ms as over_slo_ms,
+        coalesce(s.chosen_replica, s.served_by) as replica,
+        s.router_id,
+        s.policy,
+        s.client_start
+    from all_causes as c
+    inner join subjects as s
+        on c.request_id = s.request_id
+)
+
+select * from final

@@ -1,0 +1,272 @@
+"""Attribution accuracy against the testbed's ground truth (issue #5 "Accuracy, measured").
+
+For each scenario: replay it through the real path (OTel SDK -> OTLP/HTTP -> collector ->
+DuckDB store), refresh the relations, take the audit's primary cause per request from
+``attributions`` (a request without a row = ``none``) and join it, on ``request_id``, to the
+ground truth the testbed wrote from its own state (``primary_cause``, ``slow``). Prints, per
+scenario and overall: counts, slow agreement, per-cause precision / recall of the primary cause,
+the confusion matrix and the time taken.
+
+    python3 benchmarks/attribution_accuracy.py [--requests 1000] [--seed 0]
+        [--scenarios baseline,mixed] [--workdir DIR] [--reuse]
+
+Like with like:
+* SLO. The testbed labels a request slow when its TTFT (arrival -> first token) exceeds
+  ``LabelConfig.ttft_slo_ms`` and ignores TPOT; a request cancelled before its first token is
+  slow. The audit reads the SLO from session variables: the script sets
+  ``routeaudit_ttft_slo_ms`` to the scenario's ``fleet.labels.ttft_slo_ms`` and
+  ``routeaudit_tpot_slo_ms`` to +inf (no TPOT target), so both sides call the same requests slow.
+* Causes. The ground truth knows misrouting, eviction, stale_telemetry (sub-cause herding),
+  overload, slow_replica, long_prompt, none. The audit's stale_telemetry (sub-kind herding or
+  stale_view) is compared as stale_telemetry; its ``unknown`` / ``incomplete_trace`` /
+  ``client_network`` stay as they are (they can only count against its recall).
+* ``--reuse`` keeps the stores and ground truth in ``--workdir`` and replays only what is
+  missing: after a change to the SQL, opening the store rebuilds the relations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import polars as pl  # noqa: E402
+
+DEFAULT_SCENARIOS = ("baseline", "stale_telemetry", "herding", "eviction_pressure",
+                     "load_blind_cache", "slow_replica", "overload_bursts", "mixed")
+FOCUS = ("misrouting", "eviction", "stale_telemetry")
+"""Causes the goal is set on (precision >= 0.9, recall >= 0.8 on every scenario)."""
+GT_CAUSES = ("misrouting", "eviction", "stale_telemetry", "overload", "slow_replica",
+             "long_prompt", "none")
+TARGET_PRECISION = 0.9
+TARGET_RECALL = 0.8
+
+
+# --------------------------------------------------------------------------------------------
+# SLO alignment
+# --------------------------------------------------------------------------------------------
+def aligned_slo(scenario: str) -> Any:
+    """The audit SLO that matches the testbed's labelling rules for ``scenario``."""
+    import testbed
+    from audit import SLO
+
+    labels = label_config(scenario)
+    return SLO(ttft_ms=float(labels.ttft_slo_ms), tpot_ms=math.inf)
+
+
+def label_config(scenario: str) -> Any:
+    """The scenario's LabelConfig (scenarios may change the fleet; labels come with it)."""
+    import testbed
+
+    sim = testbed.prepare_scenario(scenario, n_requests=1, progress=False)
+    return sim.cfg.labels
+
+
+# --------------------------------------------------------------------------------------------
+# replay
+# --------------------------------------------------------------------------------------------
+def replay(scenario: str, workdir: Path, n_requests: int, seed: int, reuse: bool
+           ) -> tuple[Path, Path, float]:
+    from routeaudit._demo import replay_into_store
+
+    db = workdir / f"{scenario}.duckdb"
+    gt = workdir / f"{scenario}.groundtruth.jsonl"
+    meta = workdir / f"{scenario}.meta.json"
+    want = {"scenario": scenario, "requests": n_requests, "seed": seed}
+    if reuse and db.exists() and gt.exists() and meta.exists():
+        if json.loads(meta.read_text()) == want:
+            return db, gt, 0.0
+    for p in (db, Path(f"{db}.wal"), gt, meta):
+        p.unlink(missing_ok=True)
+    t = time.perf_counter()
+    replay_into_store(db, [(scenario, None)], n_requests=n_requests, seed=seed, progress=False,
+                      ground_truth=gt)
+    elapsed = time.perf_counter() - t
+    meta.write_text(json.dumps(want))
+    return db, gt, elapsed
+
+
+def audit_primary(db: Path, slo: Any) -> tuple[pl.DataFrame, float, float]:
+    """(request_id, audit_cause, audit_sub_kind, audit_slow) per request; refresh and query s."""
+    from audit._store import Store
+
+    t = time.perf_counter()
+    store = Store(db)  # rebuilds the relations when the SQL changed since the last refresh
+    try:
+        store.refresh()
+        refresh_s = time.perf_counter() - t
+        t = time.perf_counter()
+        table = store.query_arrow(
+            """
+            select
+                r.request_id,
+                a.cause as audit_cause,
+                a.sub_kind as audit_sub_kind,
+                j.needs_attribution as audit_slow
+            from requests as r
+            left join int_attr_requests_judged as j using (request_key)
+            left join attributions as a
+                on a.request_id = r.request_id and a.is_primary
+            """,
+            variables=slo.variables(),
+        )
+        query_s = time.perf_counter() - t
+    finally:
+        store.close()
+    return pl.from_arrow(table), refresh_s, query_s  # type: ignore[return-value]
+
+
+def load_truth(path: Path) -> pl.DataFrame:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return pl.DataFrame(
+        [{"request_id": r["request_id"], "gt_cause": r["primary_cause"], "gt_slow": r["slow"],
+          "gt_subcause": r.get("stale_subcause"), "gt_outcome": r["outcome"]} for r in rows],
+        schema={"request_id": pl.Utf8, "gt_cause": pl.Utf8, "gt_slow": pl.Boolean,
+                "gt_subcause": pl.Utf8, "gt_outcome": pl.Utf8},
+    )
+
+
+def joined(audit: pl.DataFrame, truth: pl.DataFrame) -> pl.DataFrame:
+    df = truth.join(audit, on="request_id", how="left")
+    return df.with_columns(
+        pl.col("audit_cause").fill_null("none"),
+        pl.col("audit_slow").fill_null(False),
+        pl.col("audit_cause").is_null().alias("audit_no_row"),
+    ).with_columns(
+        # herding is a kind of stale telemetry on both sides
+        pl.when(pl.col("audit_cause") == "herding").then(pl.lit("stale_telemetry"))
+        .otherwise(pl.col("audit_cause")).alias("audit_cause"),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# scoring
+# --------------------------------------------------------------------------------------------
+def scores(df: pl.DataFrame) -> pl.DataFrame:
+    rows = []
+    causes = sorted(set(df["gt_cause"].unique()) | set(df["audit_cause"].unique()),
+                    key=lambda c: (c not in GT_CAUSES, GT_CAUSES.index(c) if c in GT_CAUSES else 0, c))
+    for c in causes:
+        if c == "none":
+            continue
+        tp = df.filter((pl.col("gt_cause") == c) & (pl.col("audit_cause") == c)).height
+        predicted = df.filter(pl.col("audit_cause") == c).height
+        actual = df.filter(pl.col("gt_cause") == c).height
+        rows.append({
+            "cause": c, "truth": actual, "audit": predicted, "both": tp,
+            "precision": tp / predicted if predicted else None,
+            "recall": tp / actual if actual else None,
+        })
+    return pl.DataFrame(rows, schema={"cause": pl.Utf8, "truth": pl.Int64, "audit": pl.Int64,
+                                      "both": pl.Int64, "precision": pl.Float64,
+                                      "recall": pl.Float64})
+
+
+def confusion(df: pl.DataFrame) -> pl.DataFrame:
+    audit_causes = sorted(df["audit_cause"].unique().to_list())
+    return (df.group_by("gt_cause", "audit_cause").len()
+            .pivot(on="audit_cause", index="gt_cause", values="len")
+            .fill_null(0)
+            .select(["gt_cause", *[c for c in audit_causes]])
+            .sort("gt_cause"))
+
+
+def _fmt(x: Any) -> str:
+    return "   -" if x is None else f"{x:5.2f}"
+
+
+def report(name: str, df: pl.DataFrame, timings: dict[str, float]) -> list[str]:
+    out = [f"== {name}: {df.height} requests; truth slow {df['gt_slow'].sum()}, "
+           f"audit slow {df['audit_slow'].sum()}, both {(df['gt_slow'] & df['audit_slow']).sum()}; "
+           + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())]
+    s = scores(df)
+    out.append(f"  {'cause':<16}{'truth':>6}{'audit':>6}{'both':>6}  prec  recall")
+    for r in s.iter_rows(named=True):
+        flag = ""
+        if r["cause"] in FOCUS:
+            ok_p = r["precision"] is None or r["precision"] >= TARGET_PRECISION
+            ok_r = r["recall"] is None or r["recall"] >= TARGET_RECALL
+            flag = "" if (ok_p and ok_r) else "   <- below goal"
+        out.append(f"  {r['cause']:<16}{r['truth']:>6}{r['audit']:>6}{r['both']:>6} "
+                   f"{_fmt(r['precision'])} {_fmt(r['recall'])}{flag}")
+    cm = confusion(df)
+    cols = cm.columns[1:]
+    out.append("  confusion (rows: truth primary, columns: audit primary)")
+    out.append("  " + f"{'':<16}" + "".join(f"{c[:10]:>11}" for c in cols))
+    for r in cm.iter_rows(named=True):
+        out.append("  " + f"{r['gt_cause']:<16}" + "".join(f"{r[c]:>11}" for c in cols))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1000, help="requests per scenario")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS))
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="where stores and ground truth go (default: a temporary folder)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse stores in --workdir made with the same scenario/requests/seed")
+    ap.add_argument("--dump", type=Path, default=None,
+                    help="write the joined per-request rows (all scenarios) to this Parquet file")
+    args = ap.parse_args(argv)
+
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    tmp = None
+    workdir = args.workdir
+    if workdir is None:
+        tmp = tempfile.mkdtemp(prefix="routeaudit-accuracy-")
+        workdir = Path(tmp)
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    frames = []
+    lines: list[str] = []
+    try:
+        for scenario in scenarios:
+            slo = aligned_slo(scenario)
+            db, gt, replay_s = replay(scenario, workdir, args.requests, args.seed, args.reuse)
+            audit, refresh_s, query_s = audit_primary(db, slo)
+            df = joined(audit, load_truth(gt)).with_columns(pl.lit(scenario).alias("scenario"))
+            frames.append(df)
+            timings = {"replay": replay_s, "refresh": refresh_s, "query": query_s}
+            block = report(f"{scenario} (TTFT SLO {slo.ttft_ms:.0f} ms, no TPOT target)",
+                           df, timings)
+            print("\n".join(block), flush=True)
+            lines.extend(block)
+        everything = pl.concat(frames)
+        total = time.perf_counter() - started
+        print("\n".join(report("overall", everything, {"total": total})))
+        if args.dump is not None:
+            everything.write_parquet(args.dump)
+        # goal check on the focus causes, per scenario
+        misses = []
+        for scenario, df in zip(scenarios, frames):
+            for r in scores(df).iter_rows(named=True):
+                if r["cause"] not in FOCUS:
+                    continue
+                if r["precision"] is not None and r["precision"] < TARGET_PRECISION:
+                    misses.append(f"{scenario}/{r['cause']} precision {r['precision']:.2f}")
+                if r["recall"] is not None and r["recall"] < TARGET_RECALL:
+                    misses.append(f"{scenario}/{r['cause']} recall {r['recall']:.2f}")
+        print(f"\ngoal (precision >= {TARGET_PRECISION}, recall >= {TARGET_RECALL} for "
+              f"{', '.join(FOCUS)}): " + ("met" if not misses else f"{len(misses)} misses: "
+                                          + "; ".join(misses)))
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Time the queries behind each dashboard page on a store; print seconds per query and page.
+
+    python benchmarks/dashboard_speed.py --db audit.duckdb
+    python benchmarks/dashboard_speed.py --synthetic 200000   # marts as tables, n requests
+
+The dashboard caches answers (``st.cache_data``) keyed on the store version, so these are the
+cold costs a person pays on first view or after each commit. Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+Timed = list[tuple[str, Callable[[], Any]]]
+
+
+def page_queries(reader: Any, slo: dict[str, float]) -> dict[str, Timed]:
+    from audit import queries as q
+
+    worst = q.slow_requests(reader, slo, limit=1)
+    if worst.height == 0:
+        worst = reader.query("select request_id from requests order by ttft_ms desc nulls last "
+                             "limit 1")
+    rid = str(worst["request_id"][0]) if worst.height else "none"
+    runs = q.run_list(reader)["run_id"].to_list()[:2]
+    return {
+        "overview": [
+            ("overview_totals", lambda: q.overview_totals(reader, slo)),
+            ("requests_over_time", lambda: q.requests_over_time(reader, slo, 60)),
+            ("replica_load_over_time", lambda: q.replica_load_over_time(reader, 60)),
+            ("failures_by_kind", lambda: q.failures_by_kind(reader)),
+        ],
+        "slow": [
+            ("filter_options", lambda: q.filter_options(reader)),
+            ("slow_cause_breakdown", lambda: q.slow_cause_breakdown(reader, slo)),
+            ("slow_requests", lambda: q.slow_requests(reader, slo)),
+        ],
+        f"request ({rid})": [
+            ("request_detail", lambda: q.request_detail(reader, rid)),
+            ("request_attributions", lambda: q.request_attributions(reader, rid, slo)),
+            ("request_waterfall", lambda: q.request_waterfall(reader, rid)),
+            ("request_decisions", lambda: q.request_decisions(reader, rid)),
+            ("request_candidates", lambda: q.request_candidates(reader, rid)),
+            ("request_spans", lambda: q.request_spans(reader, rid)),
+        ],
+        "cache": [
+            ("cache_by_replica", lambda: q.cache_by_replica(reader)),
+            ("cache_scatter", lambda: q.cache_scatter(reader)),
+            ("cache_confusion", lambda: q.cache_confusion(reader)),
+            ("cache_misses_over_time", lambda: q.cache_misses_over_time(reader, 60)),
+            ("cache_hit_rate_over_time", lambda: q.cache_hit_rate_over_time(reader, 60)),
+        ],
+        "telemetry": [
+            ("telemetry_age_by_router", lambda: q.telemetry_age_by_router(reader)),
+            ("telemetry_age_over_time", lambda: q.telemetry_age_over_time(reader, 60)),
+            ("herding_episodes", lambda: q.herding_episodes(reader)),
+        ],
+        "policies": [
+            ("run_list", lambda: q.run_list(reader)),
+            ("compare_runs", lambda: q.compare_runs(reader, runs, slo)),
+            ("run_failures", lambda: q.run_failures(reader, runs)),
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", help="store to time (default: $ROUTEAUDIT_DB)")
+    ap.add_argument("--synthetic", type=int, metavar="N",
+                    help="build a store of N synthetic requests (marts as tables) and time it")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per query (median shown)")
+    ap.add_argument("--ttft-ms", type=float, default=2000.0)
+    ap.add_argument("--tpot-ms", type=float, default=100.0)
+    args = ap.parse_args(argv)
+
+    import audit
+
+    if args.synthetic:
+        sys.path.insert(0, str(ROOT / "tests" / "dashboards"))
+        from _stores import mart_store
+
+        path = Path(tempfile.mkdtemp()) / "synthetic.duckdb"
+        t = time.perf_counter()
+        mart_store(path, n=args.synthetic)
+        print(f"built {path} with {args.synthetic:,} requests in {time.perf_counter() - t:.1f} s")
+    else:
+        db = args.db or os.environ.get("ROUTEAUDIT_DB")
+        if not db:
+            ap.error("give --db PATH, set ROUTEAUDIT_DB, or use --synthetic N")
+        path = Path(db)
+    reader = audit.open(path)
+    slo = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms}
+    n = reader.query("select count(*) as n from requests")["n"][0]
+    print(f"store {path}: {n:,} requests; median of {args.repeat} runs per query\n")
+
+    grand = 0.0
+    for page, items in page_queries(reader, slo).items():
+        total = 0.0
+        print(f"{page}")
+        for name, fn in items:
+            times = []
+            rows = 0
+            for _ in range(max(1, args.repeat)):
+                t = time.perf_counter()
+                out = fn()
+                times.append(time.perf_counter() - t)
+                rows = getattr(out, "height", 0) if not isinstance(out, dict) else len(out)
+            med = statistics.median(times)
+            total += med
+            print(f"  {name:28s} {med:8.3f} s   ({rows} rows)")
+        grand += total
+        print(f"  {'page total':28s} {total:8.3f} s\n")
+    print(f"all pages {grand:.3f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

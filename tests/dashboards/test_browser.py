@@ -1,0 +1,120 @@
+"""The dashboard in a real browser: a `streamlit run` server, each page in headless Chromium.
+
+Needs Debian's chromium at /usr/bin/chromium (``apt-get install chromium``); playwright drives
+it, no browser download. Screenshots land in ``test-artifacts/dashboards/``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from _stores import mart_store
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = ROOT / "test-artifacts" / "dashboards"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(),
+                       reason="Debian chromium not installed at /usr/bin/chromium "
+                              "(apt-get install chromium)"),
+]
+
+# url path → (heading, text that only shows once the page's queries answered)
+PAGES = {
+    "": ("Overview", "SLO attainment"),  # the default page lives at /
+    "slow": ("Slow requests", "Top cause"),
+    "request?request_id=req-000058": ("Request drill-down", "Primary cause"),
+    "cache": ("Cache", "Requests with both"),
+    "telemetry": ("Telemetry", "Herding episodes"),
+    "policies": ("Policies", "Goodput"),
+    "sql": ("SQL", "Read-only"),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    db = mart_store(tmp_path_factory.mktemp("browser") / "audit.duckdb", n=400)
+    port = _free_port()
+    env = {**os.environ, "ROUTEAUDIT_DB": str(db)}
+    env.pop("ROUTEAUDIT_DASHBOARD_TOKEN", None)
+    log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboards" / "app.py"),
+         "--server.port", str(port), "--server.address", "127.0.0.1",
+         "--server.headless", "true", "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                pytest.fail(f"streamlit did not start: {Path(log.name).read_text()[-2000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_every_page_renders_in_chromium(server: str) -> None:
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            for path, (heading, ready) in PAGES.items():
+                page.goto(f"{server}/{path}", wait_until="domcontentloaded")
+                page.get_by_role("heading", name=heading, exact=True).wait_for(timeout=30_000)
+                page.get_by_text(ready).first.wait_for(timeout=30_000)
+                # Streamlit shows a status widget while the script runs.
+                page.wait_for_function(
+                    "!document.querySelector('[data-testid=\"stStatusWidget\"]')",
+                    timeout=30_000)
+                if path in ("", "cache"):
+                    page.locator(".vega-embed").first.wait_for(timeout=30_000)
+                page.wait_for_timeout(500)
+                name = path.split("?")[0] or "overview"
+                page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+                body = page.inner_text("body")
+                assert "Traceback" not in body, (path, body[:2000])
+                assert "Page not found" not in body, path
+                assert page.locator("[data-testid='stException']").count() == 0, path
+                errors = page.locator("[data-testid='stAlertContentError']")
+                assert errors.count() == 0, (path, errors.all_inner_texts())
+        finally:
+            browser.close()
