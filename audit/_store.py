@@ -27,7 +27,7 @@ SIDECAR_SUFFIX = ".collector.json"
 """A running collector announces itself in ``<store>.collector.json`` (query URL, token)."""
 
 
-SYNC_REFRESH_BUDGET_S = 0.5
+SYNC_REFRESH_BUDGET_S = 2.0
 """A query refreshes stale relations first when the last refresh took at most this long."""
 
 

@@ -13,7 +13,7 @@ import base64
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 from google.protobuf import json_format
@@ -49,6 +49,8 @@ class DecodedBatch:
     events: pa.Table
     rejected: list[str] = field(default_factory=list)
     truncated_values: int = 0
+    prompt_values_dropped: int = 0
+    """Prompt/completion attribute values dropped (privacy; see :func:`is_prompt_key`)."""
 
     @property
     def accepted(self) -> int:
@@ -117,11 +119,39 @@ def _list(obj: Any, *keys: str) -> list[Any]:
     return []
 
 
-class _ValueConverter:
-    """AnyValue → plain Python, with depth and size limits; counts truncations."""
+PROMPT_KEYS: Final = frozenset({
+    "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions",
+    "llm.prompts", "input.value", "output.value",
+})
+"""Attribute keys that carry prompt or completion text; dropped unless ``keep_prompts``."""
+PROMPT_KEY_PREFIXES: Final = ("gen_ai.prompt", "gen_ai.completion", "llm.input_messages",
+                              "llm.output_messages")
+"""Key prefixes that carry prompt or completion text (``gen_ai.prompt.0.content``,
+``llm.input_messages.0.message.content``, ...); dropped unless ``keep_prompts``."""
 
-    def __init__(self) -> None:
+_SENSITIVE_CACHE: dict[str, bool] = {}
+_SENSITIVE_CACHE_MAX = 65_536
+
+
+def is_prompt_key(key: str) -> bool:
+    """Whether an attribute key names prompt or completion text (see :data:`PROMPT_KEYS`)."""
+    hit = _SENSITIVE_CACHE.get(key)
+    if hit is None:
+        hit = key in PROMPT_KEYS or key.startswith(PROMPT_KEY_PREFIXES)
+        if len(_SENSITIVE_CACHE) >= _SENSITIVE_CACHE_MAX:
+            _SENSITIVE_CACHE.clear()  # bounded: keys are attacker-chosen
+        _SENSITIVE_CACHE[key] = hit
+    return hit
+
+
+class _ValueConverter:
+    """AnyValue → plain Python, with depth and size limits; counts truncations and (unless
+    ``keep_prompts``) drops prompt/completion attributes, counting them."""
+
+    def __init__(self, keep_prompts: bool = False) -> None:
         self.truncated = 0
+        self.prompts_dropped = 0
+        self.keep_prompts = keep_prompts
 
     def convert(self, v: AnyValue, depth: int = 0) -> Any:
         which = v.WhichOneof("value")
@@ -151,7 +181,34 @@ class _ValueConverter:
         return None
 
     def attrs(self, kvs: Any) -> dict[str, Any]:
-        return {kv.key: self.convert(kv.value) for kv in kvs}
+        """One attribute list → dict. The hot path of the decoder: scalars are inlined."""
+        out: dict[str, Any] = {}
+        sensitive = _SENSITIVE_CACHE
+        keep = self.keep_prompts
+        for kv in kvs:
+            key = kv.key
+            if not keep:
+                hit = sensitive.get(key)
+                if hit is None:
+                    hit = is_prompt_key(key)
+                if hit:
+                    self.prompts_dropped += 1
+                    continue
+            v = kv.value
+            which = v.WhichOneof("value")
+            if which == "string_value":
+                s = v.string_value
+                if len(s) > MAX_STRING_LEN:
+                    self.truncated += 1
+                    s = s[:MAX_STRING_LEN]
+                out[key] = s
+            elif which == "int_value":
+                out[key] = v.int_value
+            elif which == "bool_value":
+                out[key] = v.bool_value
+            else:
+                out[key] = self.convert(v)
+        return out
 
 
 def _coerce(value: Any, typ: str) -> Any:
@@ -202,106 +259,153 @@ def _valid_id(b: bytes, n: int) -> bool:
     return len(b) == n and any(b)
 
 
-def decode(req: ExportTraceServiceRequest, received_ns: int) -> DecodedBatch:
-    """Flatten a parsed request into raw store columns; reject bad spans individually."""
-    conv = _ValueConverter()
-    span_cols: dict[str, list[Any]] = {f.name: [] for f in RAW_SPANS_SCHEMA}
-    event_cols: dict[str, list[Any]] = {f.name: [] for f in RAW_SPAN_EVENTS_SCHEMA}
+_JSON = json.JSONEncoder(ensure_ascii=False, default=str).encode
+"""``json.dumps(x, ensure_ascii=False, default=str)`` without building an encoder per call."""
+
+
+def _coerce_column(values: list[Any], typ: str) -> list[Any]:
+    """``[_coerce(v, typ) for v in values]`` with the common exact-type cases inlined."""
+    if typ == "VARCHAR":
+        return [v if v is None or type(v) is str else _coerce(v, typ) for v in values]
+    if typ == "BIGINT":
+        return [v if v is None or (type(v) is int and -(2**63) <= v < 2**63) else _coerce(v, typ)
+                for v in values]
+    if typ == "DOUBLE":
+        return [v if v is None or (type(v) is float and math.isfinite(v)) else _coerce(v, typ)
+                for v in values]
+    if typ == "BOOLEAN":
+        return [v if v is None or type(v) is bool else _coerce(v, typ) for v in values]
+    return [None if v is None else _coerce(v, typ) for v in values]
+
+
+def _typed_columns(cols: dict[str, list[Any]], dicts: list[dict[str, Any]],
+                   typed: dict[str, tuple[str, str]]) -> None:
+    """Fill the typed columns of ``typed`` from ``dicts``, only scanning keys that occur."""
+    present: set[str] = set()
+    for d in dicts:
+        present.update(d)
+    n = len(dicts)
+    for key, (col, typ) in typed.items():
+        if key in present:
+            cols[col] = _coerce_column([d.get(key) for d in dicts], typ)
+        else:
+            cols[col] = [None] * n
+
+
+_SPAN_FIXED = ("trace_id", "span_id", "parent_span_id", "trace_state", "name", "kind", "start_ns",
+               "end_ns", "status_code", "status_message", "flags", "scope_name", "scope_version",
+               "attributes", "links", "event_count", "dropped_attributes_count")
+_EVENT_FIXED = ("trace_id", "span_id", "event_index", "name", "time_ns", "attributes")
+
+
+def decode(req: ExportTraceServiceRequest, received_ns: int, *,
+           keep_prompts: bool = False) -> DecodedBatch:
+    """Flatten a parsed request into raw store columns; reject bad spans individually.
+
+    Unless ``keep_prompts``, attributes whose key names prompt or completion text
+    (:func:`is_prompt_key`) are dropped from spans, events, links and resources, and counted in
+    :attr:`DecodedBatch.prompt_values_dropped`.
+    """
+    conv = _ValueConverter(keep_prompts)
+    attrs_of = conv.attrs
+    rows: list[tuple[Any, ...]] = []          # one tuple per span, in _SPAN_FIXED order
+    span_attrs: list[dict[str, Any]] = []
+    res_of_span: list[tuple[str, dict[str, Any]]] = []
+    ev_rows: list[tuple[Any, ...]] = []       # one tuple per event, in _EVENT_FIXED order
+    ev_attrs_all: list[dict[str, Any]] = []
     rejected: list[str] = []
-    span_typed = semconv.TYPED_SPAN_ATTRIBUTES
-    res_typed = semconv.TYPED_RESOURCE_ATTRIBUTES
-    ev_typed = semconv.TYPED_EVENT_ATTRIBUTES
+    kinds, statuses = _KINDS, _STATUS
+    n_kinds, n_status = len(_KINDS), len(_STATUS)
+    min_ns, max_ns = _MIN_NS, _MAX_NS
+    encode = _JSON
 
     for rs in req.resource_spans:
         try:
-            res_attrs = conv.attrs(rs.resource.attributes)
+            res_attrs = attrs_of(rs.resource.attributes)
         except _TooDeep as exc:
             n = sum(len(ss.spans) for ss in rs.scope_spans)
             rejected.append(f"{n} span(s) rejected: resource {exc}")
             continue
-        res_json = json.dumps(res_attrs, ensure_ascii=False, default=str)
-        res_values = {col: _coerce(res_attrs.get(key), typ) for key, (col, typ) in res_typed.items()}
+        res = (encode(res_attrs), res_attrs)
         for ss in rs.scope_spans:
             scope_name = ss.scope.name or None
             scope_version = ss.scope.version or None
             for sp in ss.spans:
                 tid, sid, pid = sp.trace_id, sp.span_id, sp.parent_span_id
-                label = f"span {sid.hex() or '?'} ({sp.name[:60]!r})"
-                if not _valid_id(tid, 16):
-                    rejected.append(f"{label}: trace_id must be 16 non-zero bytes, got {len(tid)}")
-                    continue
-                if not _valid_id(sid, 8):
-                    rejected.append(f"{label}: span_id must be 8 non-zero bytes, got {len(sid)}")
-                    continue
-                if pid and len(pid) != 8:
-                    rejected.append(f"{label}: parent_span_id must be 8 bytes, got {len(pid)}")
-                    continue
                 start, end = sp.start_time_unix_nano, sp.end_time_unix_nano
-                if not (_MIN_NS <= start <= _MAX_NS and _MIN_NS <= end <= _MAX_NS):
-                    rejected.append(f"{label}: timestamps out of range (start {start}, end {end} ns)")
-                    continue
-                if end < start:
-                    rejected.append(f"{label}: ends before it starts (start {start}, end {end} ns)")
+                problem = None
+                if len(tid) != 16 or not any(tid):
+                    problem = f"trace_id must be 16 non-zero bytes, got {len(tid)}"
+                elif len(sid) != 8 or not any(sid):
+                    problem = f"span_id must be 8 non-zero bytes, got {len(sid)}"
+                elif pid and len(pid) != 8:
+                    problem = f"parent_span_id must be 8 bytes, got {len(pid)}"
+                elif not (min_ns <= start <= max_ns and min_ns <= end <= max_ns):
+                    problem = f"timestamps out of range (start {start}, end {end} ns)"
+                elif end < start:
+                    problem = f"ends before it starts (start {start}, end {end} ns)"
+                if problem is not None:
+                    rejected.append(f"span {sid.hex() or '?'} ({sp.name[:60]!r}): {problem}")
                     continue
                 try:
-                    attrs = conv.attrs(sp.attributes)
-                    events = [
-                        (ev.name, ev.time_unix_nano, conv.attrs(ev.attributes)) for ev in sp.events
-                    ]
+                    attrs = attrs_of(sp.attributes)
+                    events = [(ev.name, ev.time_unix_nano, attrs_of(ev.attributes))
+                              for ev in sp.events] if len(sp.events) else ()
                     links = [
                         {
                             "trace_id": lk.trace_id.hex(),
                             "span_id": lk.span_id.hex(),
                             "trace_state": lk.trace_state or None,
-                            "attributes": conv.attrs(lk.attributes),
+                            "attributes": attrs_of(lk.attributes),
                         }
                         for lk in sp.links
-                    ]
+                    ] if len(sp.links) else None
                 except _TooDeep as exc:
-                    rejected.append(f"{label}: {exc}")
+                    rejected.append(f"span {sid.hex() or '?'} ({sp.name[:60]!r}): {exc}")
                     continue
-                attrs_json = json.dumps(attrs, ensure_ascii=False, default=str)
-                ev_jsons = [json.dumps(a, ensure_ascii=False, default=str) for _, _, a in events]
-                size = len(attrs_json) + sum(len(e) for e in ev_jsons)
+                attrs_json = encode(attrs)
+                size = len(attrs_json)
+                if events:
+                    ev_jsons = [encode(a) for _, _, a in events]
+                    for e in ev_jsons:
+                        size += len(e)
                 if size > MAX_SPAN_ATTR_BYTES:
-                    rejected.append(f"{label}: attributes and events are {size} bytes, over {MAX_SPAN_ATTR_BYTES}")
+                    rejected.append(f"span {sid.hex() or '?'} ({sp.name[:60]!r}): attributes and "
+                                    f"events are {size} bytes, over {MAX_SPAN_ATTR_BYTES}")
                     continue
                 tid_hex, sid_hex = tid.hex(), sid.hex()
                 kind = sp.kind
-                status = sp.status.code
-                span_cols["trace_id"].append(tid_hex)
-                span_cols["span_id"].append(sid_hex)
-                span_cols["parent_span_id"].append(pid.hex() if pid and any(pid) else None)
-                span_cols["trace_state"].append(sp.trace_state or None)
-                span_cols["name"].append(sp.name)
-                span_cols["kind"].append(_KINDS[kind] if 0 <= kind < len(_KINDS) else "unspecified")
-                span_cols["start_ns"].append(start)
-                span_cols["end_ns"].append(end)
-                span_cols["status_code"].append(_STATUS[status] if 0 <= status < len(_STATUS) else "unset")
-                span_cols["status_message"].append(sp.status.message or None)
-                span_cols["flags"].append(sp.flags)
-                span_cols["scope_name"].append(scope_name)
-                span_cols["scope_version"].append(scope_version)
-                span_cols["received_ns"].append(received_ns)
-                span_cols["attributes"].append(attrs_json)
-                span_cols["resource_attributes"].append(res_json)
-                span_cols["links"].append(json.dumps(links, default=str) if links else None)
-                span_cols["event_count"].append(len(events))
-                span_cols["dropped_attributes_count"].append(sp.dropped_attributes_count)
-                for col, value in res_values.items():
-                    span_cols[col].append(value)
-                for key, (col, typ) in span_typed.items():
-                    span_cols[col].append(_coerce(attrs.get(key), typ))
+                status = sp.status
+                code = status.code
+                rows.append((
+                    tid_hex, sid_hex, pid.hex() if pid and any(pid) else None,
+                    sp.trace_state or None, sp.name,
+                    kinds[kind] if 0 <= kind < n_kinds else "unspecified",
+                    start, end,
+                    statuses[code] if 0 <= code < n_status else "unset",
+                    status.message or None, sp.flags, scope_name, scope_version,
+                    attrs_json, json.dumps(links, default=str) if links else None,
+                    len(events), sp.dropped_attributes_count,
+                ))
+                span_attrs.append(attrs)
+                res_of_span.append(res)
                 for i, (ev_name, ev_time, ev_attrs) in enumerate(events):
-                    event_cols["trace_id"].append(tid_hex)
-                    event_cols["span_id"].append(sid_hex)
-                    event_cols["event_index"].append(i)
-                    event_cols["name"].append(ev_name)
-                    event_cols["time_ns"].append(ev_time if _MIN_NS <= ev_time <= _MAX_NS else start)
-                    event_cols["attributes"].append(ev_jsons[i])
-                    for key, (col, typ) in ev_typed.items():
-                        event_cols[col].append(_coerce(ev_attrs.get(key), typ))
+                    ev_rows.append((tid_hex, sid_hex, i, ev_name,
+                                    ev_time if min_ns <= ev_time <= max_ns else start, ev_jsons[i]))
+                    ev_attrs_all.append(ev_attrs)
+
+    n = len(rows)
+    span_cols: dict[str, list[Any]] = dict(zip(_SPAN_FIXED, map(list, zip(*rows)))) if n else {
+        name: [] for name in _SPAN_FIXED}
+    span_cols["received_ns"] = [received_ns] * n
+    span_cols["resource_attributes"] = [r[0] for r in res_of_span]
+    _typed_columns(span_cols, [r[1] for r in res_of_span], semconv.TYPED_RESOURCE_ATTRIBUTES)
+    _typed_columns(span_cols, span_attrs, semconv.TYPED_SPAN_ATTRIBUTES)
+    event_cols: dict[str, list[Any]] = dict(zip(_EVENT_FIXED, map(list, zip(*ev_rows)))) if ev_rows \
+        else {name: [] for name in _EVENT_FIXED}
+    _typed_columns(event_cols, ev_attrs_all, semconv.TYPED_EVENT_ATTRIBUTES)
 
     spans = pa.Table.from_pydict(span_cols, schema=RAW_SPANS_SCHEMA)
     events_tbl = pa.Table.from_pydict(event_cols, schema=RAW_SPAN_EVENTS_SCHEMA)
-    return DecodedBatch(spans=spans, events=events_tbl, rejected=rejected, truncated_values=conv.truncated)
+    return DecodedBatch(spans=spans, events=events_tbl, rejected=rejected,
+                        truncated_values=conv.truncated, prompt_values_dropped=conv.prompts_dropped)

@@ -118,7 +118,10 @@ def test_live_run_through_collector(store_path: Path) -> None:
             hits += bool(res.cached_tokens)
         # hot_prefix: most prompts share one of two 2048-token system prompts
         assert hits >= 10
-        # the marts see the same requests (linked by trace, cached tokens from the replica)
+        # the marts see the same requests (linked by trace, cached tokens from the replica),
+        # within a refresh interval (plus one refresh) of the raw spans
+        assert _wait_for(reader, f"select count(*) from requests where run_id = '{run_id}'",
+                         31, timeout_s=30) == 31
         mart = reader.query(
             "select request_id, status, chosen_replica, served_by, actual_cached_tokens "
             "from requests where request_id in (select unnest(?::varchar[]))", [ids]
@@ -152,6 +155,9 @@ def test_live_clock_offset_is_estimated_by_the_audit(store_path: Path) -> None:
         for row in shifts:
             base = 3_000_000_000 if row["replica"] == skewed else 0
             assert base <= row["lo"] and row["hi"] <= base, row  # nested once shifted back
+        # the relations follow the raw tables within a refresh interval (plus one refresh)
+        assert _wait_for(reader, f"select count(*) from requests where run_id = '{fleet.run_id}'",
+                         12, timeout_s=30) == 12
         mart = reader.query(
             "select count(*) as n, count(*) filter (where clock_suspect) as suspect "
             "from requests where run_id = ?", [fleet.run_id]).rows(named=True)[0]

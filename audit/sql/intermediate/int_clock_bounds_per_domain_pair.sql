@@ -9,11 +9,28 @@
 -- An empty intersection means the clocks are not consistent with one fixed offset (a clock
 -- jump, drift, or a child that outlived its parent); its estimate is then the median of the
 -- per-pair midpoints. See docs/clock.md.
+--
+-- A span that ended abnormally (cancelled, aborted, timed out or errored) gives no END bound:
+-- a cancelled client span ends while the router's forward span (and the replica) carry on, so
+-- child_end <= parent_end does not hold. Only its start bound is kept, whether it is the child
+-- or the ancestor of the pair.
 with recursive
 
 stg_spans_source as materialized (
 
-    select * from stg_spans
+    select
+        *,
+        coalesce(
+            otel_status = 'error'
+            or lower(declared_status) in (
+                'cancelled', 'canceled', 'aborted', 'abort', 'timeout', 'error'
+            )
+            or lower(finish_reason) = 'abort'
+            or http_status = 499
+            or http_status >= 500,
+            false
+        ) as ended_abnormally
+    from stg_spans
 
 ),
 
@@ -29,10 +46,12 @@ walk_up_to_other_domain as materialized (
         spans.clock_domain as origin_domain,
         spans.start_ns as origin_start_ns,
         spans.end_ns as origin_end_ns,
+        spans.ended_abnormally as origin_abnormal,
         spans.parent_span_id as next_span_id,
         cast(null as varchar) as ancestor_domain,
         cast(null as bigint) as ancestor_start_ns,
         cast(null as bigint) as ancestor_end_ns,
+        cast(null as boolean) as ancestor_abnormal,
         0 as depth
     from stg_spans_source as spans
     where spans.parent_span_id is not null
@@ -45,10 +64,12 @@ walk_up_to_other_domain as materialized (
         walk.origin_domain,
         walk.origin_start_ns,
         walk.origin_end_ns,
+        walk.origin_abnormal,
         parent_spans.parent_span_id as next_span_id,
         parent_spans.clock_domain as ancestor_domain,
         parent_spans.start_ns as ancestor_start_ns,
         parent_spans.end_ns as ancestor_end_ns,
+        parent_spans.ended_abnormally as ancestor_abnormal,
         walk.depth + 1 as depth
     from walk_up_to_other_domain as walk
     inner join stg_spans_source as parent_spans
@@ -67,7 +88,11 @@ cross_domain_pairs as materialized (
     select
         origin_domain as child_domain,
         ancestor_domain as parent_domain,
-        origin_end_ns - ancestor_end_ns as lower_ns,
+        -- no end bound when either span ended abnormally (null: ignored by max/min below)
+        case
+            when not (origin_abnormal or ancestor_abnormal)
+                then origin_end_ns - ancestor_end_ns
+        end as lower_ns,
         origin_start_ns - ancestor_start_ns as upper_ns
     from walk_up_to_other_domain
     where ancestor_domain <> origin_domain
@@ -97,6 +122,7 @@ bounds_intersected as materialized (
         count(*) as pair_count,
         max(lower_ns) as lower_ns,
         min(upper_ns) as upper_ns,
+        -- over pairs with both bounds (a pair with an abnormal end has one only)
         median((lower_ns + upper_ns) / 2.0) as median_midpoint_ns
     from pairs_oriented
     group by domain_a, domain_b
@@ -111,9 +137,13 @@ final as (
         pair_count,
         lower_ns,
         upper_ns,
-        lower_ns <= upper_ns as is_consistent,
+        -- one side missing (every pair of the two domains ended abnormally): a half-bound,
+        -- consistent by definition; the estimate is that bound
+        coalesce(lower_ns <= upper_ns, true) as is_consistent,
         cast(
             case
+                when lower_ns is null then upper_ns
+                when upper_ns is null then lower_ns
                 when lower_ns <= upper_ns then (lower_ns + upper_ns) / 2.0
                 else median_midpoint_ns
             end as bigint

@@ -1,0 +1,204 @@
+"""Analysis scaling (measure only): how ``Store.refresh()`` and a few mart/attribution queries grow
+with the number of requests in a store, and how much disk a million requests take.
+
+For each size the virtual-time testbed runs the ``hot_prefix`` workload (synthetic, any size) on
+8 replicas and an in-process emitter writes its spans straight into a fresh store: the real OTel
+SDK spans are encoded with ``encode_spans`` (what the OTLP exporter sends), decoded by
+``collectors.otlp._decode.decode`` (what the collector does) and appended with ``Store.append``
+in batches of ``--batch`` spans. No sockets, so the curve is about the analysis, not ingest.
+
+Then: ``Store.refresh()`` is timed as a whole and relation by relation (a benchmark-local copy of
+the loop in ``audit._relations.refresh``, same SQL, same order), followed by a few queries.
+
+    python3 benchmarks/analysis_scaling.py                 # 10k and 100k requests
+    python3 benchmarks/analysis_scaling.py --sizes 10000 100000 1000000
+    python3 benchmarks/analysis_scaling.py --keep /tmp/scaling   # keep the stores
+
+Emission through the SDK costs a few ms of wall time per request (it dominates the run time for
+large sizes); ``--reuse`` skips generation when ``<keep>/requests_<n>.duckdb`` already exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+QUERIES: dict[str, str] = {
+    "requests: count + p99 ttft": "select count(*), quantile_cont(ttft_ms, 0.99) from requests",
+    "requests: by replica": "select chosen_replica, count(*), avg(ttft_ms) from requests group by 1",
+    "decisions: by policy": "select policy, count(*) from decisions group by 1",
+    "candidates: age p90": "select quantile_cont(telemetry_age_ms, 0.9) from candidates",
+    "attributions: primary causes": "select cause, count(*), sum(excess_ms) from attributions "
+                                    "where is_primary group by cause",
+    "slo_summary": "select * from slo_summary",
+}
+
+
+class StoreExporter:
+    """An SDK ``SpanExporter`` that decodes like the collector and appends to a Store."""
+
+    def __init__(self, store: Any, batch: int) -> None:
+        self.store = store
+        self.batch = batch
+        self.buf: list[Any] = []
+        self.spans = 0
+        self.append_s = 0.0
+        self.decode_s = 0.0
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.buf.extend(spans)
+        if len(self.buf) >= self.batch:
+            self._flush()
+        return SpanExportResult.SUCCESS
+
+    def _flush(self) -> None:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        from collectors.otlp._decode import decode
+
+        if not self.buf:
+            return
+        spans, self.buf = self.buf, []
+        t = time.perf_counter()
+        batch = decode(encode_spans(spans), time.time_ns())
+        t2 = time.perf_counter()
+        self.store.append(spans=batch.spans, events=batch.events)
+        self.append_s += time.perf_counter() - t2
+        self.decode_s += t2 - t
+        self.spans += len(spans)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        self._flush()
+        return True
+
+    def shutdown(self) -> None:
+        self._flush()
+
+
+def generate(path: Path, n: int, batch: int) -> dict[str, float]:
+    import testbed
+    from audit._store import Store
+    from testbed.emit import OTelEmitter
+
+    store = Store(path, refresh_interval_s=3600)
+    exporter = StoreExporter(store, batch)
+    emitter = OTelEmitter(exporter, batch=False)  # synchronous: the exporter batches itself
+    t = time.perf_counter()
+    sim = testbed.prepare_scenario("baseline", n_requests=n, replicas=8, emitter=emitter,
+                                   workload="hot_prefix")
+    sim.run()
+    emitter.close()
+    gen_s = time.perf_counter() - t
+    store._dirty = False  # the first refresh is timed below, not on close
+    store.close()
+    return {"generate_s": gen_s, "spans": exporter.spans, "decode_s": exporter.decode_s,
+            "append_s": exporter.append_s}
+
+
+def timed_refresh(path: Path) -> tuple[float, list[tuple[str, str, float]]]:
+    """Per-relation timing: a copy of ``audit._relations.refresh`` (same SQL, same order)."""
+    import duckdb
+
+    from audit import _relations
+    from audit._store import _tune
+
+    con = duckdb.connect(os.fspath(path))
+    _tune(con)
+    rels = _relations.load_relations()
+    views = _relations.parametrised(rels)
+    out: list[tuple[str, str, float]] = []
+    t0 = time.perf_counter()
+    con.execute("begin transaction")
+    for rel in rels:
+        kind = "view" if rel.name in views else "table"
+        body = rel.sql.strip().rstrip(";")
+        t = time.perf_counter()
+        _relations._drop(con, rel.name)
+        con.execute(f"create {kind} {rel.name} as\n{body}")
+        out.append((rel.name, kind, time.perf_counter() - t))
+    con.execute("commit")
+    total = time.perf_counter() - t0
+    con.execute("checkpoint")
+    con.close()
+    return total, out
+
+
+def measure(path: Path, n: int) -> dict[str, Any]:
+    from audit._store import Store
+
+    res: dict[str, Any] = {}
+    res["refresh_by_relation_s"], res["relations"] = timed_refresh(path)
+    store = Store(path, refresh_interval_s=3600)
+    try:
+        t = time.perf_counter()
+        store.refresh()
+        res["store_refresh_s"] = time.perf_counter() - t
+        q: dict[str, float] = {}
+        for name, sql in QUERIES.items():
+            t = time.perf_counter()
+            try:
+                store.query_arrow(sql)
+                q[name] = time.perf_counter() - t
+            except Exception as exc:  # noqa: BLE001 - report, do not stop the curve
+                q[name] = float("nan")
+                print(f"  query {name!r} failed: {exc}", file=sys.stderr)
+        res["queries"] = q
+        res["rows"] = {t: store.query_arrow(f"select count(*) from {t}").column(0)[0].as_py()
+                       for t in ("raw_spans", "raw_span_events", "requests", "candidates")}
+    finally:
+        store.close()
+    size = path.stat().st_size
+    wal = Path(f"{path}.wal")
+    res["bytes"] = size + (wal.stat().st_size if wal.exists() else 0)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--batch", type=int, default=4096, help="spans per Store.append")
+    ap.add_argument("--keep", default=None, help="folder for the stores (default: a temp folder)")
+    ap.add_argument("--reuse", action="store_true", help="reuse stores already in --keep")
+    ap.add_argument("--top", type=int, default=8, help="relations listed per size")
+    args = ap.parse_args()
+    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ra-scaling-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in args.sizes:
+        path = folder / f"requests_{n}.duckdb"
+        if not (args.reuse and path.exists()):
+            for p in (path, Path(f"{path}.wal")):
+                p.unlink(missing_ok=True)
+            g = generate(path, n, args.batch)
+            print(f"[{n:>9,} requests] generated {g['spans']:,} spans in {g['generate_s']:.1f} s "
+                  f"(decode {g['decode_s']:.1f} s, append {g['append_s']:.1f} s)", flush=True)
+        m = measure(path, n)
+        rows.append((n, m))
+        print(f"[{n:>9,} requests] rows {m['rows']}  store {m['bytes'] / 2**20:.1f} MiB "
+              f"({m['bytes'] / n * 1e6 / 2**30:.2f} GiB per million requests)")
+        print(f"  refresh (Store.refresh) {m['store_refresh_s']:.2f} s; "
+              f"relation by relation {m['refresh_by_relation_s']:.2f} s")
+        total = sum(s for _, _, s in m["relations"]) or 1.0
+        for name, kind, s in sorted(m["relations"], key=lambda r: -r[2])[: args.top]:
+            print(f"    {name:<40} {kind:<5} {s:7.3f} s  {s / total:6.1%}")
+        for name, s in m["queries"].items():
+            print(f"  query {name:<32} {s * 1000:9.1f} ms")
+        sys.stdout.flush()
+    print("\nsummary: requests | refresh s | s per 10k requests | store MiB | GiB per 1M requests")
+    for n, m in rows:
+        print(f"  {n:>9,} | {m['store_refresh_s']:8.2f} | {m['store_refresh_s'] / n * 1e4:8.3f} | "
+              f"{m['bytes'] / 2**20:8.1f} | {m['bytes'] / n * 1e6 / 2**30:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
