@@ -162,10 +162,7 @@ class Store:
         self.refresh_if_due()
         cur = self._con.cursor()
         try:
-            _set_variables(cur, variables)
-            return cur.sql(sql, params=list(params) if params else None).to_arrow_table()
-        except duckdb.Error as exc:
-            raise QueryError(_one_line(exc)) from exc
+            return _run(cur, sql, params, variables)
         finally:
             cur.close()
 
@@ -257,12 +254,19 @@ class Reader:
             if not _views_current(con):
                 # Written by another version and not refreshed since: correct but slow.
                 _relations.install(con, temporary=True)
-            _set_variables(con, variables)
-            return con.sql(sql, params=list(params) if params else None).to_arrow_table()
-        except duckdb.Error as exc:
-            raise QueryError(_one_line(exc)) from exc
+            return _run(con, sql, params, variables)
         finally:
             con.close()
+
+
+def _run(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None,
+         variables: Mapping[str, float | str] | None) -> pa.Table:
+    """One read query with its session variables; DuckDB errors become one-line QueryErrors."""
+    try:
+        _set_variables(con, variables)
+        return con.sql(sql, params=list(params) if params else None).to_arrow_table()
+    except duckdb.Error as exc:
+        raise QueryError(_one_line(exc)) from exc
 
 
 def _views_current(con: duckdb.DuckDBPyConnection) -> bool:

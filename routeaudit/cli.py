@@ -99,6 +99,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
+    import ipaddress
+
+    from audit._errors import AuditError
+
+    token = args.token or os.environ.get("ROUTEAUDIT_DASHBOARD_TOKEN")
+    try:
+        loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not token:
+        raise AuditError(f"refusing to serve the dashboard on {args.host} without a token "
+                         "(--token or $ROUTEAUDIT_DASHBOARD_TOKEN)")
     db = Path(args.db) if args.db else SAMPLE_DB
     if not db.exists():
         if args.db:
@@ -109,9 +121,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
         build_sample_data(progress=True)
     env = dict(os.environ, ROUTEAUDIT_DB=str(db.resolve()))
+    if token:
+        env["ROUTEAUDIT_DASHBOARD_TOKEN"] = token
     cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboards" / "app.py"),
            "--server.port", str(args.port), "--server.address", args.host,
-           "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+           "--server.headless", "true", "--browser.gatherUsageStats", "false",
+           "--client.toolbarMode", "viewer"]
     print(f"routeaudit dashboard on http://{args.host}:{args.port} (store {db})", flush=True)
     return subprocess.call(cmd, env=env)
 
@@ -184,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dashboard", help="open the Streamlit dashboard on a store")
     p.add_argument("--db", default=None, help="store (default: the bundled sample data)")
     p.add_argument("--port", type=int, default=8501)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to serve on (default 127.0.0.1; others need a token)")
+    p.add_argument("--token", default=None,
+                   help="password the dashboard asks for ($ROUTEAUDIT_DASHBOARD_TOKEN)")
     p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("sample-data", help="rebuild sample_data/demo.duckdb from sample_data/*")

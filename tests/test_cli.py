@@ -61,3 +61,13 @@ def test_bad_slo_flag_is_a_user_error(store_path: Path) -> None:
     Store(store_path).close()
     out = run("sql", "--db", str(store_path), "--ttft-slo-ms", "-5", "select 1")
     assert out.returncode == 2 and "positive" in out.stderr
+
+
+def test_dashboard_refuses_a_public_address_without_a_token() -> None:
+    out = run("dashboard", "--host", "0.0.0.0")
+    assert out.returncode == 2 and "without a token" in out.stderr
+
+
+def test_collect_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
+    out = run("collect", "--db", str(tmp_path / "a.duckdb"), "--host", "0.0.0.0")
+    assert out.returncode == 2 and "without a token" in out.stderr and "Traceback" not in out.stderr

@@ -173,7 +173,20 @@ class _ValueConverter:
         if depth >= MAX_VALUE_DEPTH:
             raise _TooDeep(f"attribute value nested deeper than {MAX_VALUE_DEPTH} levels")
         if which == "array_value":
-            return [self.convert(x, depth + 1) for x in v.array_value.values]
+            out = []
+            for x in v.array_value.values:
+                w = x.WhichOneof("value")
+                if w == "string_value":
+                    s = x.string_value
+                    if len(s) > MAX_STRING_LEN:
+                        self.truncated += 1
+                        s = s[:MAX_STRING_LEN]
+                    out.append(s)
+                elif w == "int_value":
+                    out.append(x.int_value)
+                else:
+                    out.append(self.convert(x, depth + 1))
+            return out
         if which == "kvlist_value":
             return {kv.key: self.convert(kv.value, depth + 1) for kv in v.kvlist_value.values}
         if which == "bytes_value":
@@ -204,6 +217,9 @@ class _ValueConverter:
                 out[key] = s
             elif which == "int_value":
                 out[key] = v.int_value
+            elif which == "double_value":
+                d = v.double_value
+                out[key] = d if d - d == 0.0 else None  # finite (inf - inf and nan are nan)
             elif which == "bool_value":
                 out[key] = v.bool_value
             else:
