@@ -24,6 +24,7 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,8 @@ def timed_refresh(path: Path) -> tuple[float, list[tuple[str, str, float]]]:
     return total, out
 
 
-def measure(path: Path, n: int) -> dict[str, Any]:
+def measure(path: Path, n: int, query_timeout_s: float) -> dict[str, Any]:
+    from audit._slo import load_slo
     from audit._store import Store
 
     res: dict[str, Any] = {}
@@ -144,14 +146,24 @@ def measure(path: Path, n: int) -> dict[str, Any]:
         store.refresh()
         res["store_refresh_s"] = time.perf_counter() - t
         q: dict[str, float] = {}
+        variables = load_slo().variables()
         for name, sql in QUERIES.items():
+            cur = store._con.cursor()  # own cursor, so a slow query can be interrupted
+            for var, value in variables.items():
+                cur.execute(f"set variable {var} = ?", [value])
+            timer = threading.Timer(query_timeout_s, cur.interrupt)
+            timer.start()
             t = time.perf_counter()
             try:
-                store.query_arrow(sql)
+                cur.sql(sql).fetch_arrow_table()
                 q[name] = time.perf_counter() - t
             except Exception as exc:  # noqa: BLE001 - report, do not stop the curve
-                q[name] = float("nan")
-                print(f"  query {name!r} failed: {exc}", file=sys.stderr)
+                q[name] = float("inf") if time.perf_counter() - t >= query_timeout_s else float("nan")
+                print(f"  query {name!r} failed after {time.perf_counter() - t:.1f} s: "
+                      f"{str(exc).splitlines()[0]}", file=sys.stderr)
+            finally:
+                timer.cancel()
+                cur.close()
         res["queries"] = q
         res["rows"] = {t: store.query_arrow(f"select count(*) from {t}").column(0)[0].as_py()
                        for t in ("raw_spans", "raw_span_events", "requests", "candidates")}
@@ -169,6 +181,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4096, help="spans per Store.append")
     ap.add_argument("--keep", default=None, help="folder for the stores (default: a temp folder)")
     ap.add_argument("--reuse", action="store_true", help="reuse stores already in --keep")
+    ap.add_argument("--query-timeout", type=float, default=120.0,
+                    help="seconds before a query is interrupted (reported as inf)")
     ap.add_argument("--top", type=int, default=8, help="relations listed per size")
     args = ap.parse_args()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ra-scaling-"))
@@ -182,7 +196,7 @@ def main() -> None:
             g = generate(path, n, args.batch)
             print(f"[{n:>9,} requests] generated {g['spans']:,} spans in {g['generate_s']:.1f} s "
                   f"(decode {g['decode_s']:.1f} s, append {g['append_s']:.1f} s)", flush=True)
-        m = measure(path, n)
+        m = measure(path, n, args.query_timeout)
         rows.append((n, m))
         print(f"[{n:>9,} requests] rows {m['rows']}  store {m['bytes'] / 2**20:.1f} MiB "
               f"({m['bytes'] / n * 1e6 / 2**30:.2f} GiB per million requests)")
@@ -192,7 +206,8 @@ def main() -> None:
         for name, kind, s in sorted(m["relations"], key=lambda r: -r[2])[: args.top]:
             print(f"    {name:<40} {kind:<5} {s:7.3f} s  {s / total:6.1%}")
         for name, s in m["queries"].items():
-            print(f"  query {name:<32} {s * 1000:9.1f} ms")
+            shown = f"> {args.query_timeout:g} s (interrupted)" if s == float("inf") else f"{s * 1000:9.1f} ms"
+            print(f"  query {name:<32} {shown}")
         sys.stdout.flush()
     print("\nsummary: requests | refresh s | s per 10k requests | store MiB | GiB per 1M requests")
     for n, m in rows:

@@ -18,7 +18,8 @@ Like with like:
   ``routeaudit_tpot_slo_ms`` to +inf (no TPOT target), so both sides call the same requests slow.
 * Causes. The ground truth knows misrouting, eviction, stale_telemetry (sub-cause herding),
   overload, slow_replica, long_prompt, none. The audit's stale_telemetry (sub-kind herding or
-  stale_view) is compared as stale_telemetry; its ``unknown`` / ``incomplete_trace`` /
+  stale_view) is compared as stale_telemetry; its ``unknown`` (slow, complete trace, no cause
+  significant) is the ground truth's ``none`` for a slow request; ``incomplete_trace`` and
   ``client_network`` stay as they are (they can only count against its recall).
 * ``--reuse`` keeps the stores and ground truth in ``--workdir`` and replays only what is
   missing: after a change to the SQL, opening the store rebuilds the relations.
@@ -146,6 +147,8 @@ def joined(audit: pl.DataFrame, truth: pl.DataFrame) -> pl.DataFrame:
     ).with_columns(
         # herding is a kind of stale telemetry on both sides
         pl.when(pl.col("audit_cause") == "herding").then(pl.lit("stale_telemetry"))
+        # 'unknown' = slow, complete trace, no cause significant: the ground truth's 'none'
+        .when(pl.col("audit_cause") == "unknown").then(pl.lit("none"))
         .otherwise(pl.col("audit_cause")).alias("audit_cause"),
     )
 

@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scrape", action="append", default=[], metavar="URL")
     p.add_argument("--scrape-interval", type=float, default=None, metavar="S")
     p.add_argument("--queue-max-spans", type=int, default=None)
+    p.add_argument("--keep-prompts", action="store_true",
+                   help="store prompt/completion attribute values (default: dropped and counted)")
     a = p.parse_args(argv)
     overrides: dict[str, object] = {
         "db_path": a.db, "http_host": a.host, "grpc_host": a.host, "http_port": a.http_port,
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["token"] = a.token
     if a.scrape_interval is not None:
         overrides["scrape_interval_s"] = a.scrape_interval
+    if a.keep_prompts:
+        overrides["keep_prompts"] = True
     if a.queue_max_spans is not None:
         overrides["queue_max_spans"] = a.queue_max_spans
     try:

@@ -155,7 +155,8 @@ class Collector:
         self._http = HttpServer(receiver.app, sock, _GRACE_S)
         if cfg.grpc_port is not None:
             self._grpc = GrpcServer(
-                GrpcReceiver(exporter, self.metrics, cfg.token, cfg.retry_after_s),
+                GrpcReceiver(exporter, self.metrics, cfg.token, cfg.retry_after_s,
+                             keep_prompts=cfg.keep_prompts),
                 cfg.grpc_host, cfg.grpc_port, max_workers=cfg.grpc_max_workers,
                 max_message_bytes=cfg.max_decompressed_bytes,
             )

@@ -11,6 +11,7 @@ token. :mod:`collectors.otlp._status` maps the refusals to HTTP and gRPC statuse
     ├── UnsupportedMediaType    not protobuf/JSON, or unknown Content-Encoding → 415
     ├── BodyTooLarge            over max_body_bytes or max_decompressed_bytes → 413
     ├── BadRequest              undecodable body (also _decode.PayloadError) → 400 / INVALID_ARGUMENT
+    │   └── BodyTimeout         the body did not arrive within body_timeout_s → 408
     ├── QueueFull               the writer's queue is full (retryable)       → 429 / RESOURCE_EXHAUSTED
     └── WriterUnavailable       the writer failed, timed out or is stopping (retryable) → 503 / UNAVAILABLE
 """
@@ -50,6 +51,10 @@ class BodyTooLarge(ExportRefused):
 
 class BadRequest(ExportRefused):
     """The request cannot be understood (besides an undecodable OTLP payload)."""
+
+
+class BodyTimeout(BadRequest):
+    """The request body did not arrive within ``body_timeout_s`` (a slow or stalled sender)."""
 
 
 class QueueFull(ExportRefused):

@@ -67,6 +67,8 @@ class Exporter:
     def _submit(self, batch: DecodedBatch) -> concurrent.futures.Future[None] | None:
         self._metrics.inc("spans_rejected", _rejected(batch))
         self._metrics.inc("values_truncated", batch.truncated_values)
+        if batch.prompt_values_dropped:
+            self._metrics.inc("prompt_values_dropped", batch.prompt_values_dropped)
         if not batch.accepted:
             return None
         fut = self._consumer.submit(spans=batch.spans, events=batch.events)
@@ -96,7 +98,8 @@ class Exporter:
         return _result(batch)
 
 
-def decode_request(req: ExportTraceServiceRequest, metrics: Metrics) -> DecodedBatch:
+def decode_request(req: ExportTraceServiceRequest, metrics: Metrics, *,
+                   keep_prompts: bool = False) -> DecodedBatch:
     """Decode a parsed request; a decoder crash is logged, counted and answered as undecodable.
 
     The decoder is meant to reject bad input span by span; an exception escaping it is our bug,
@@ -104,7 +107,7 @@ def decode_request(req: ExportTraceServiceRequest, metrics: Metrics) -> DecodedB
     and counted in ``internal_errors`` so tests and operators see it.
     """
     try:
-        return decode(req, time.time_ns())
+        return decode(req, time.time_ns(), keep_prompts=keep_prompts)
     except Exception as exc:
         log.exception("decoder crashed on a request")
         metrics.inc("internal_errors")

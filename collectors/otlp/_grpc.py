@@ -36,7 +36,8 @@ class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     """Answers Export only after the commit holding the spans returned (blocks a pool thread)."""
 
     def __init__(self, exporter: Exporter, metrics: Metrics, token: str | None,
-                 retry_after_s: int) -> None:
+                 retry_after_s: int, *, keep_prompts: bool = False) -> None:
+        self._keep_prompts = keep_prompts
         self._exporter = exporter
         self._metrics = metrics
         self._token = token.encode() if token else None
@@ -53,7 +54,7 @@ class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                 get_request: Callable[[], ExportTraceServiceRequest]) -> ExportTraceServiceResponse:
         try:
             self._check_auth(context)
-            batch = decode_request(get_request(), self._metrics)
+            batch = decode_request(get_request(), self._metrics, keep_prompts=self._keep_prompts)
             result = self._exporter.export(batch)
         except Exception as exc:
             if not is_refusal(exc):

@@ -16,6 +16,7 @@ Routes:
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -42,6 +43,7 @@ from audit._store import Store
 from collectors.otlp._decode import PayloadError, parse_json, parse_protobuf
 from collectors.otlp._errors import (
     BadRequest,
+    BodyTimeout,
     BodyTooLarge,
     StartError,
     Unauthenticated,
@@ -93,7 +95,8 @@ class HttpReceiver:
             cenc = request.headers.get("content-encoding", "").strip().lower()
             if cenc not in ("", "identity", "gzip", "x-gzip", "deflate"):
                 raise UnsupportedMediaType(f"unsupported content encoding {cenc!r}; send gzip or none")
-            body = await _read_body(request, self._config.max_body_bytes)
+            body = await _read_body(request, self._config.max_body_bytes,
+                                    self._config.body_timeout_s)
             batch = await run_in_threadpool(self._decode, body, encoding, cenc)
             result = await self._exporter.export_async(batch)
         except Exception as exc:  # noqa: BLE001 - every failure gets an answer
@@ -107,7 +110,7 @@ class HttpReceiver:
         elif cenc == "deflate":
             body = inflate(body, zlib.MAX_WBITS, self._config.max_decompressed_bytes)
         req = parse_protobuf(body) if encoding == "protobuf" else parse_json(body)
-        return decode_request(req, self._metrics)
+        return decode_request(req, self._metrics, keep_prompts=self._config.keep_prompts)
 
     def _refuse(self, exc: BaseException, encoding: str) -> Response:
         if isinstance(exc, ClientDisconnect):
@@ -135,7 +138,7 @@ class HttpReceiver:
     async def query(self, request: Request) -> Response:
         try:
             self._check_auth(request)
-            body = await _read_body(request, DEFAULT_MAX_QUERY_BYTES)
+            body = await _read_body(request, DEFAULT_MAX_QUERY_BYTES, self._config.body_timeout_s)
             try:
                 doc = json.loads(body)
             except (ValueError, RecursionError) as exc:
@@ -204,7 +207,16 @@ def inflate(data: bytes, wbits: int, limit: int) -> bytes:
     return b"".join(out)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, at most ``limit`` bytes, arriving within ``timeout_s`` (else BodyTimeout)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body_unbounded(request, limit)
+    except TimeoutError as exc:
+        raise BodyTimeout(f"request body did not arrive within {timeout_s:g} s") from exc
+
+
+async def _read_body_unbounded(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:

@@ -23,6 +23,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from collectors.otlp._decode import PayloadError
 from collectors.otlp._errors import (
     BadRequest,
+    BodyTimeout,
     BodyTooLarge,
     ExportRefused,
     QueueFull,
@@ -60,6 +61,9 @@ def one_line(exc: BaseException | str) -> str:
 def http_answer(exc: BaseException, retry_after_s: int) -> HttpAnswer:
     """Map a refusal (or :class:`PayloadError`) to its HTTP answer."""
     msg = one_line(exc)
+    if isinstance(exc, BodyTimeout):
+        # The rest of the body may still be on its way: close the connection after answering.
+        return HttpAnswer(408, msg, {"connection": "close"}, grpc_code=code_pb2.DEADLINE_EXCEEDED)
     if isinstance(exc, (PayloadError, BadRequest)):
         return HttpAnswer(400, msg, grpc_code=code_pb2.INVALID_ARGUMENT)
     if isinstance(exc, Unauthenticated):

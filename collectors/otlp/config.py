@@ -48,6 +48,13 @@ DEFAULT_SCRAPE_INTERVAL_S: Final = 1.0
 DEFAULT_REFRESH_INTERVAL_S: Final = 2.0
 """How often the relations (requests, attributions, …) are rebuilt while new rows arrive; raw
 tables are always current. Queries therefore see relations at most about this old."""
+DEFAULT_BODY_TIMEOUT_S: Final = 10.0
+"""Longest an OTLP/HTTP request body may take to arrive once its headers are in; a slower
+sender (slow-loris) is answered 408 and disconnected, so it cannot hold the collector."""
+DEFAULT_KEEP_PROMPTS: Final = False
+"""Privacy default: attribute values of known prompt/completion keys (``gen_ai.prompt*``,
+``gen_ai.input.messages``, ``llm.input_messages*``, ``input.value``, ...) are dropped by the
+decoder (and counted) unless the collector is started with ``keep_prompts=True``."""
 DEFAULT_MAX_QUERY_BYTES: Final = 1024 * 1024
 """Largest ``POST /routeaudit/query`` body."""
 
@@ -81,6 +88,10 @@ class CollectorConfig:
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
     refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
     """Seconds between rebuilds of the relations while new rows arrive."""
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    """Seconds an OTLP/HTTP body may take to arrive (after the headers); slower → 408."""
+    keep_prompts: bool = DEFAULT_KEEP_PROMPTS
+    """Store prompt/completion attribute values (default: drop them; see ``_decode.is_prompt_key``)."""
     host: str | None = None
     """Shorthand for the command line: when given, sets both ``http_host`` and ``grpc_host``
     at construction (and reads back as None afterwards)."""
@@ -132,6 +143,10 @@ class CollectorConfig:
             raise ConfigError(f"export_timeout_s must be > 0, got {self.export_timeout_s!r}")
         if not self.refresh_interval_s > 0:
             raise ConfigError(f"refresh_interval_s must be > 0, got {self.refresh_interval_s!r}")
+        if not self.body_timeout_s > 0:
+            raise ConfigError(f"body_timeout_s must be > 0, got {self.body_timeout_s!r}")
+        if not isinstance(self.keep_prompts, bool):
+            raise ConfigError(f"keep_prompts must be true or false, got {self.keep_prompts!r}")
         if not self.scrape_interval_s > 0:
             raise ConfigError(f"scrape_interval_s must be > 0, got {self.scrape_interval_s!r}")
         for target in self.scrape_targets:

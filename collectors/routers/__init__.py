@@ -3,8 +3,9 @@
 * ``python -m collectors.routers.vllm_router --worker-urls ... --otlp-traces-endpoint HOST:PORT``:
   vllm-router's own command line plus the tracing its CLI lacks (see ``docs/routers.md``).
 * ``start_smg(worker_urls, policy=..., otlp_traces_endpoint=...)`` and
-  ``start_vllm_router(...)``: child processes on free loopback ports, ready (``/health`` = 200)
-  when returned, stopped by ``stop()`` / the ``with`` block / at interpreter exit.
+  ``start_vllm_router(...)``: child processes on free loopback ports, ready (SMG
+  ``/readiness``, vllm-router ``/health``) when returned,
+  stopped by ``stop()`` / the ``with`` block / at interpreter exit.
 
 Nothing here imports the routers themselves at import time.
 """

@@ -2,10 +2,11 @@
 
 ``start_smg(...)`` runs ``smg launch``; ``start_vllm_router(...)`` runs this package's tracing
 launcher (``python -m collectors.routers.vllm_router``). Both return a :class:`RouterProcess`
-that is ready (its ``/health`` answered 200) and that stops cleanly: SIGTERM to the process it
-started, then SIGKILL to that process's own group after a grace period. It is a context manager,
-and every process still running when the interpreter exits is stopped (``atexit``), so a failing
-test cannot leak a router.
+that is ready (SMG: ``/readiness``, i.e. its workers are registered and healthy; vllm-router:
+``/health``, served only once its workers are healthy) and that stops cleanly: SIGTERM to the
+process it started, then SIGKILL to that process's own group after a grace period. It is a
+context manager, and every process still running when the interpreter exits is stopped
+(``atexit``), so a failing test cannot leak a router.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Final, Self
-from urllib.error import URLError
+from urllib.error import HTTPError, URLError
 from urllib.request import urlopen
 
 __all__ = [
@@ -105,7 +106,8 @@ class RouterProcess:
 
     def __init__(self, name: str, cmd: Sequence[str], *, host: str, port: int,
                  metrics_port: int | None, log_path: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 ready_paths: Sequence[str] = ("/health",)) -> None:
         self.name = name
         self.cmd = list(cmd)
         self.host = host
@@ -117,6 +119,9 @@ class RouterProcess:
             log_path = Path(tmp)
         self.log_path = Path(log_path)
         self._env = env
+        self.ready_paths = tuple(ready_paths)
+        """Polled in order until one answers 200; a 404 moves on to the next path (an older
+        version without that route)."""
         self._log: IO[bytes] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_s: float | None = None
@@ -150,7 +155,8 @@ class RouterProcess:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> Self:
-        """Spawn, then wait until ``GET /health`` answers 200. Raises :class:`RouterStartError`
+        """Spawn, then wait until a ready path (``/health`` by default) answers 200. Raises
+        :class:`RouterStartError`
         (and stops the process) when it exits or is not ready in time."""
         if self.proc is not None:
             raise RuntimeError(f"{self.name} already started")
@@ -172,8 +178,9 @@ class RouterProcess:
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        health = self.url + "/health"
+        paths = list(self.ready_paths)
         while True:
+            health = self.url + paths[0]
             if not self.alive:
                 code = None if self.proc is None else self.proc.returncode
                 raise RouterStartError(f"{self.name} exited with code {code} before it was ready; "
@@ -183,11 +190,16 @@ class RouterProcess:
                     if resp.status == 200:
                         self.ready_s = time.monotonic() - (self.started_s or 0.0)
                         return
+            except HTTPError as exc:
+                if exc.code == 404 and len(paths) > 1:
+                    paths.pop(0)
+                    continue
             except (URLError, OSError, ValueError):
                 pass
             if time.monotonic() > deadline:
-                raise RouterStartError(f"{self.name} not ready on {health} after {timeout_s:.0f} s; "
-                                       f"log {self.log_path}:\n{self.log_tail()}")
+                raise RouterStartError(f"{self.name} not ready on {health} after "
+                                       f"{timeout_s:.0f} s; log {self.log_path}:\n"
+                                       f"{self.log_tail()}")
             time.sleep(0.1)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
@@ -269,8 +281,12 @@ def start_smg(
     if request_id_headers:
         cmd += ["--request-id-headers", *request_id_headers]
     cmd += list(extra_args)
-    return RouterProcess(f"smg-{policy}", cmd, host=host, port=port, metrics_port=mport,
-                         log_path=None if log_path is None else Path(log_path)).start(ready_timeout_s)
+    # SMG 1.13 answers /health before its workers are registered (a request then gets 404
+    # "No worker available for model"); /readiness waits for healthy workers
+    proc = RouterProcess(f"smg-{policy}", cmd, host=host, port=port, metrics_port=mport,
+                         log_path=None if log_path is None else Path(log_path),
+                         ready_paths=("/readiness", "/health"))
+    return proc.start(ready_timeout_s)
 
 
 def start_vllm_router(

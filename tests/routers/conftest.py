@@ -66,7 +66,8 @@ class Stack:
             if n >= len(self.replica_ids):
                 return
             if time.monotonic() > deadline:
-                pytest.fail(f"only {n} of {len(self.replica_ids)} replicas scraped in {timeout_s} s")
+                pytest.fail(f"only {n} of {len(self.replica_ids)} replicas scraped "
+                            f"in {timeout_s} s")
             time.sleep(0.1)
 
     def drive(self, router_url: str, id_prefix: str, *, n: int = N_REQUESTS,
@@ -137,7 +138,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         raise
     st = Stack(col, db, f"routers-{tmp_path.name[-12:]}", ids)
     try:
-        for s, rid in zip(socks, ids):
+        for s, rid in zip(socks, ids, strict=True):
             tp = make_tracer_provider("replica", rid, otlp_endpoint=col.traces_url,
                                       run_id=st.run_id)
             assert tp is not None

@@ -52,10 +52,36 @@ request_level as (
         count(replica) as candidates,
         count(replica) filter (where eligible and not replica_observed)
             as eligible_unobserved,
-        min(prefill_ideal_ms) filter (where eligible and replica_observed)
-            as ideal_prefill_ms,
-        arg_min(replica, prefill_ideal_ms)
-            filter (where eligible and replica_observed) as ideal_replica
+        -- ideal: a nominal idle replica (the fleet's reference fit) holding the best cache
+        -- that existed at the decision: the replica's report where it ran, unless earlier
+        -- requests sharing the predicted prefix were served there before (then the router's
+        -- prediction held at the decision and the blocks went later); elsewhere the router's
+        -- prediction
+        any_value(fleet_prefill_intercept_ms)
+        + any_value(fleet_prefill_ms_per_token)
+        * greatest(
+            any_value(input_tokens)
+            - max(
+                case
+                    -- (the shared blocks, give or take one, cover the prediction)
+                    when chosen
+                        and prefix_shared_blocks > 0
+                        and prefix_shared_frac * (1.0 + 1.0 / prefix_shared_blocks)
+                        * input_tokens >= coalesce(predicted_cached_tokens, 0)
+                        then greatest(
+                            cached_assumed_tokens, coalesce(predicted_cached_tokens, 0)
+                        )
+                    else cached_assumed_tokens
+                end
+            ) filter (where eligible and replica_observed),
+            0
+        ) as ideal_prefill_ms,
+        arg_max(replica, cached_assumed_tokens)
+            filter (where eligible and replica_observed) as ideal_replica,
+        -- the wait even the best placement would have had (estimated on the true state)
+        min(wait_est_ms) filter (where eligible and replica_observed) as min_wait_ms,
+        arg_min(replica, wait_est_ms)
+            filter (where eligible and replica_observed) as min_wait_replica
     from final_rows
     group by all
 ),
@@ -110,6 +136,7 @@ subjects as (
         c.true_waiting as c_true_waiting,
         c.true_running as c_true_running,
         c.true_remaining_tokens as c_true_remaining_tokens,
+        c.wait_est_ms as c_wait_est_ms,
         c.predicted_cached_tokens as c_predicted_cached_tokens,
         c.router_est_queue_ms as c_router_est_queue_ms,
         c.router_est_prefill_ms as c_router_est_prefill_ms,
@@ -167,6 +194,20 @@ subjects as (
 eviction_sized as (
     select
         s.*,
+        -- recomputing a token costs the fleet's reference ms/token, or the chosen replica's
+        -- own when it is slow (per-replica fits differ by noise; only a slow replica is
+        -- treated as different)
+        coalesce(
+            case
+                when s.c_calibrated_from in ('replica', 'replica_ratio')
+                    and s.c_prefill_ms_per_token
+                    >= t.slow_replica_ratio * s.fleet_prefill_ms_per_token
+                    then s.c_prefill_ms_per_token
+                else s.fleet_prefill_ms_per_token
+            end,
+            s.c_prefill_ms_per_token,
+            0.0
+        ) as c_nominal_ms_per_token,
         case
             when s.predicted_cached - coalesce(s.actual_cached, 0)
                 >= t.cache_tolerance_tokens
@@ -181,11 +222,10 @@ eviction_sized as (
 compared as (
     select
         s.*,
-        s.evicted_tokens * coalesce(s.c_prefill_ms_per_token, 0.0)
-            as eviction_ms,
+        s.evicted_tokens * s.c_nominal_ms_per_token as eviction_ms,
         -- what choosing the best alternative would have saved, beyond the eviction
         s.actual_replica_ttft_ms
-        - s.evicted_tokens * coalesce(s.c_prefill_ms_per_token, 0.0)
+        - s.evicted_tokens * s.c_nominal_ms_per_token
         - s.a_ttft_est_ms as saving_ms,
         -- load = waiting + running (+ pending assignments the router knew of)
         s.c_seen_waiting + coalesce(s.c_seen_running, 0)
@@ -206,19 +246,33 @@ judged as (
             s.saving_ms >= t.misroute_min_frac * s.actual_replica_ttft_ms
             or s.ttft_ms - s.saving_ms <= s.ttft_slo_ms
         ) as is_misrouted,
-        (
-            abs(s.c_true_load - s.c_seen_load) >= t.stale_min_gap
-            or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
-        )
-        and s.c_seen_load <= s.a_seen_load
-        and s.c_true_load > s.a_true_load
-        and (
-            s.c_telemetry_age_ms >= t.stale_age_ms
-            or s.in_herding_episode
-        ) as view_was_stale,
+        -- the router's view flipped the choice: in its own view the chosen replica was at
+        -- least as good as the best alternative A, on the true load (the router's cache view
+        -- kept) A was better, and the view of the chosen replica's load was materially wrong.
+        -- With the router's Q/P estimates the comparison is Q+P against true wait + P (the
+        -- policy's own terms); without them, load = waiting + running (+ pending).
+        case
+            when s.c_router_est_queue_ms is not null and s.a_router_est_queue_ms is not null
+                then
+                    s.c_router_est_queue_ms + coalesce(s.c_router_est_prefill_ms, 0.0)
+                    <= s.a_router_est_queue_ms + coalesce(s.a_router_est_prefill_ms, 0.0)
+                    and s.c_wait_est_ms + coalesce(s.c_router_est_prefill_ms, 0.0)
+                    > s.a_wait_est_ms + coalesce(s.a_router_est_prefill_ms, 0.0)
+                    and (
+                        s.c_wait_est_ms - s.c_router_est_queue_ms >= t.misroute_min_ms
+                        or s.c_true_load - s.c_seen_load >= t.stale_min_gap
+                        or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
+                    )
+            else
+                s.c_seen_load <= s.a_seen_load
+                and s.c_true_load > s.a_true_load
+                and (
+                    abs(s.c_true_load - s.c_seen_load) >= t.stale_min_gap
+                    or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
+                )
+        end as view_was_stale,
         least(
-            s.actual_replica_ttft_ms - s.evicted_tokens
-            * coalesce(s.c_prefill_ms_per_token, 0.0),
+            s.actual_replica_ttft_ms - s.evicted_tokens * s.c_nominal_ms_per_token,
             coalesce(s.a_ttft_est_ms, 'infinity'::double)
         ) as best_available_ms,
         s.ttft_ms - s.replica_ttft_ms as client_gap_ms
@@ -233,7 +287,9 @@ cause_misrouting as (
             as cause,
         case
             when view_was_stale and in_herding_episode then 'herding'
-            when view_was_stale then 'stale_view'
+            when view_was_stale and c_telemetry_age_ms >= t.stale_age_ms then 'stale_view'
+            -- fresh telemetry, but assignments since (own or other routers') not reflected
+            when view_was_stale then 'unreflected_load'
             when (c_router_est_queue_ms is not null
                 or c_router_est_prefill_ms is not null)
                 and coalesce(c_router_est_queue_ms, 0) + coalesce(c_router_est_prefill_ms, 0)
@@ -293,6 +349,7 @@ cause_misrouting as (
             actual_replica_ttft_ms
         ) as evidence
     from judged
+    cross join thresholds as t
     where is_misrouted
 ),
 
@@ -327,7 +384,7 @@ cause_eviction as (
             chosen_replica,
             coalesce(actual_cached, 0),
             evicted_tokens,
-            coalesce(c_prefill_ms_per_token, 0.0)
+            c_nominal_ms_per_token
         )
         || case
             when has_prefix_hashes and prefix_last_served_at is not null
@@ -359,26 +416,28 @@ cause_eviction as (
 ),
 
 cause_overload as (
+    -- even the best placement would have waited: the smallest estimated wait over every
+    -- eligible candidate (the chosen one included) is what the load cost
     select
         request_id,
         'overload' as cause,
         cast(null as varchar) as sub_kind,
-        best_available_ms - greatest(ttft_slo_ms, coalesce(ideal_prefill_ms, 0.0))
-            as excess_ms,
+        min_wait_ms as excess_ms,
         0.7 as base_confidence,
         printf(
-            'every eligible candidate past the SLO: best available %.0f ms (%s) vs TTFT SLO %.0f ms over %d candidates',
-            best_available_ms,
-            coalesce(alt_replica, chosen_replica),
-            ttft_slo_ms,
-            candidates
+            'every eligible candidate was busy: the shortest estimated wait was %.0f ms (%s) over %d candidates; TTFT %.0f ms vs SLO %.0f ms',
+            min_wait_ms,
+            coalesce(min_wait_replica, chosen_replica),
+            candidates,
+            ttft_ms,
+            ttft_slo_ms
         ) as evidence
     from judged
     where
         ttft_excess_ms > 0
         and chosen_replica is not null
         and eligible_unobserved = 0
-        and best_available_ms > ttft_slo_ms
+        and min_wait_ms > 0
 ),
 
 cause_long_prompt as (
@@ -386,17 +445,20 @@ cause_long_prompt as (
         request_id,
         'long_prompt' as cause,
         cast(null as varchar) as sub_kind,
-        ideal_prefill_ms - ttft_slo_ms as excess_ms,
+        ideal_prefill_ms as excess_ms,
         0.8 as base_confidence,
         printf(
-            'input %d tokens: even idle, the best replica (%s) needs %.0f ms of prefill > TTFT SLO %.0f ms',
+            'input %d tokens: even idle, the best replica (%s) needs %.0f ms of prefill (TTFT SLO %.0f ms)',
             input_tokens,
             ideal_replica,
             ideal_prefill_ms,
             ttft_slo_ms
         ) as evidence
     from judged
-    where ttft_excess_ms > 0 and ideal_prefill_ms > ttft_slo_ms
+    cross join thresholds as t
+    where
+        ttft_excess_ms > 0
+        and ideal_prefill_ms >= t.long_prompt_frac * ttft_slo_ms
 ),
 
 cause_slow_replica as (
@@ -404,11 +466,10 @@ cause_slow_replica as (
         request_id,
         'slow_replica' as cause,
         'prefill' as sub_kind,
-        exec_prefill_ms
-        - (
-            fleet_prefill_intercept_ms
-            + fleet_prefill_ms_per_token * exec_uncached_tokens
-        ) as excess_ms,
+        -- everything on a replica running at speed s (fleet ms/token / its ms/token) takes
+        -- 1/s as long: queue and prefill alike
+        actual_replica_ttft_ms
+        * (1.0 - fleet_prefill_ms_per_token / c_prefill_ms_per_token) as excess_ms,
         0.6 as base_confidence,
         printf(
             '%s prefills at %.3f ms/token vs fleet median %.3f; this prefill %.0f ms for %d uncached tokens',
@@ -490,7 +551,11 @@ causes_kept as (
     select f.*
     from causes_found as f
     cross join thresholds as t
-    where f.excess_ms >= t.cause_min_ms and not isnan(f.excess_ms)
+    inner join request_level as r
+        on f.request_id = r.request_id
+    where
+        f.excess_ms >= greatest(t.cause_min_ms, t.cause_min_frac * coalesce(r.ttft_ms, 0.0))
+        and not isnan(f.excess_ms)
 ),
 
 explained as (

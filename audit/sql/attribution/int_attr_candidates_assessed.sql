@@ -1,33 +1,22 @@
--- int_attr_candidates_assessed: one row per candidate replica per routing decision, carrying
--- the request (judged against the SLO), the decision, what the router saw, the candidate's TRUE
--- state at the decision instant and the TTFT the request would have had there. A request with
--- no decision, or a decision with no candidate at all, appears once with null candidate
--- columns. Every mart is read once here (views are inlined, so reading a mart from several
--- attribution relations would multiply planning time); docs/attribution.md has the formulas.
---
--- Steps:
---   calibration      per (run, replica) prefill fit: prefill_ms = intercept + slope * uncached
---   decisions        run, final attempt, the execution the decision led to, forward delay
---   candidates       recorded events, else reconstructed from the latest scrape (third party)
---   true state       queued / running / remaining tokens / drain time from executions
---   estimates        wait + prefill of the uncached part, had the request gone there
---   evidence         herding membership, KV pressure, whether the prefix was served before
+-- int_attr_candidates_assessed: one row per candidate replica per routing decision (plus one
+-- row for a request with no decision or no candidate), carrying the request judged against the
+-- SLO, the decision, what the router saw, the candidate's TRUE state at the decision instant
+-- (int_attr_candidates_state, a materialised table) and the TTFT the request would have had
+-- there. This view holds only what depends on session variables (SLO, thresholds): the
+-- calibration choice, the estimates, KV pressure within lookback and herding membership.
+-- docs/attribution.md has the formulas.
 with
 
 judged as (
     select * from int_attr_requests_judged
 ),
 
-timed_executions as (
-    select * from int_attr_executions_timed
+state as (
+    select * from int_attr_candidates_state
 ),
 
-all_decisions as (
-    select * from decisions
-),
-
-all_candidates as (
-    select * from candidates
+fits as (
+    select * from int_attr_replica_fits
 ),
 
 all_snapshots as (
@@ -38,125 +27,18 @@ thresholds as (
     select * from int_attr_thresholds
 ),
 
--- prefix hashes are not in the marts: read them from the routers' decision spans
-decision_prefixes as (
-    select
-        a_request_id as request_id,
-        coalesce(a_attempt, 0) as attempt,
-        any_value(a_prefix_hashes) as prefix_hashes
-    from raw_spans
-    where
-        name = 'routeaudit.decision'
-        and a_request_id is not null
-        and len(a_prefix_hashes) > 0
-    group by all
-),
-
-timed as (
-    select
-        e.*,
-        j.run_id
-    from timed_executions as e
-    left join judged as j
-        on e.request_id = j.request_id
-),
-
--- calibration ------------------------------------------------------------------------------
-
-calibration_points as (
-    select
-        run_id,
-        replica,
-        prefill_ms,
-        uncached_tokens,
-        case
-            when output_tokens >= 2 and decode_ms is not null
-                then decode_ms / (output_tokens - 1)
-        end as decode_ms_per_token
-    from timed
-    where replica is not null
-),
-
-calibration_per_replica as (
-    select
-        run_id,
-        replica,
-        count(prefill_ms) filter (where uncached_tokens > 0) as prefill_n,
-        -- a fit needs spread in prompt length (else regr_* give NaN)
-        case
-            when regr_sxx(prefill_ms, uncached_tokens)
-                filter (where uncached_tokens > 0) > 0
-                then regr_slope(prefill_ms, uncached_tokens)
-                    filter (where uncached_tokens > 0)
-        end as fit_slope,
-        case
-            when regr_sxx(prefill_ms, uncached_tokens)
-                filter (where uncached_tokens > 0) > 0
-                then regr_intercept(prefill_ms, uncached_tokens)
-                    filter (where uncached_tokens > 0)
-        end as fit_intercept,
-        sum(prefill_ms) filter (where uncached_tokens > 0)
-        / nullif(
-            sum(uncached_tokens)
-                filter (where uncached_tokens > 0 and prefill_ms is not null),
-            0
-        ) as fit_ratio,
-        median(decode_ms_per_token) as decode_ms_per_token
-    from calibration_points
-    group by all
-),
-
-calibration_pooled as (
-    select
-        run_id,
-        -- a fit needs spread in prompt length (else regr_* give NaN)
-        case
-            when regr_sxx(prefill_ms, uncached_tokens)
-                filter (where uncached_tokens > 0) > 0
-                then regr_slope(prefill_ms, uncached_tokens)
-                    filter (where uncached_tokens > 0)
-        end as pooled_slope,
-        case
-            when regr_sxx(prefill_ms, uncached_tokens)
-                filter (where uncached_tokens > 0) > 0
-                then regr_intercept(prefill_ms, uncached_tokens)
-                    filter (where uncached_tokens > 0)
-        end as pooled_intercept,
-        sum(prefill_ms) filter (where uncached_tokens > 0)
-        / nullif(
-            sum(uncached_tokens)
-                filter (where uncached_tokens > 0 and prefill_ms is not null),
-            0
-        ) as pooled_ratio,
-        median(decode_ms_per_token) as pooled_decode_ms_per_token
-    from calibration_points
-    group by all
-),
-
 calibration_chosen_fit as (
     select
-        p.run_id,
-        p.replica,
-        p.prefill_n,
-        p.fit_slope,
-        p.fit_intercept,
-        p.fit_ratio,
-        p.decode_ms_per_token,
-        q.pooled_slope,
-        q.pooled_intercept,
-        q.pooled_ratio,
-        q.pooled_decode_ms_per_token,
+        p.*,
         case
             when p.prefill_n >= t.calibration_min_n and p.fit_slope > 0
                 then 'replica'
             when p.prefill_n >= t.calibration_min_n and p.fit_ratio > 0
                 then 'replica_ratio'
-            when q.pooled_slope > 0 then 'fleet'
+            when p.pooled_slope > 0 then 'fleet'
             else 'fleet_ratio'
         end as calibrated_from
-    from calibration_per_replica as p
-    left join calibration_pooled as q
-        on p.run_id is not distinct from q.run_id
+    from fits as p
     cross join thresholds as t
 ),
 
@@ -180,7 +62,6 @@ calibration_replicas as (
             as decode_ms_per_token
     from calibration_chosen_fit
 ),
-
 calibration_fleet as (
     select
         run_id,
@@ -190,132 +71,6 @@ calibration_fleet as (
     from calibration_replicas
     group by all
 ),
-
--- decisions --------------------------------------------------------------------------------
-
-decisions_ranked as (
-    select
-        d.*,
-        j.run_id,
-        d.attempt = max(d.attempt) over (partition by d.request_id) as is_final
-    from all_decisions as d
-    left join judged as j
-        on d.request_id = j.request_id
-),
-
-decisions_matched_executions as (
-    -- the execution a decision led to: the request's first execution on the chosen replica
-    -- that started after the decision (1 s of clock tolerance), else its first at all
-    select
-        d.request_id,
-        d.attempt,
-        d.span_id,
-        e.span_id as exec_span_id,
-        e.replica as exec_replica,
-        e.start_at as exec_start_at,
-        e.prefill_start_at as exec_prefill_start_at,
-        e.first_token_at as exec_first_token_at,
-        e.queue_ms_eff as exec_queue_ms,
-        e.prefill_ms as exec_prefill_ms,
-        e.ttft_ms_eff as exec_ttft_ms,
-        e.input_tokens as exec_input_tokens,
-        e.cached_tokens as exec_cached_tokens,
-        e.uncached_tokens as exec_uncached_tokens,
-        e.preemptions as exec_preemptions,
-        row_number() over (
-            partition by d.request_id, d.attempt, d.span_id
-            order by
-                (e.replica = d.chosen_replica) desc nulls last, e.start_at asc
-        ) as preference
-    from decisions_ranked as d
-    inner join timed as e
-        on d.request_id = e.request_id
-        and e.start_at >= d.decided_at - interval 1 second
-),
-
-decisions_resolved as (
-    select
-        d.request_id,
-        d.attempt,
-        d.span_id as decision_span_id,
-        d.router_id,
-        d.policy,
-        d.decided_at,
-        d.chosen_replica,
-        d.reason as decision_reason,
-        d.outcome as decision_outcome,
-        d.recorded,
-        d.run_id,
-        d.is_final,
-        m.* exclude (request_id, attempt, span_id, preference),
-        greatest(
-            coalesce(
-                date_diff('microsecond', d.decided_at, m.exec_start_at) / 1000.0,
-                0.0
-            ),
-            0.0
-        ) as forward_delay_ms
-    from decisions_ranked as d
-    left join decisions_matched_executions as m
-        on d.request_id = m.request_id
-        and d.attempt is not distinct from m.attempt
-        and d.span_id is not distinct from m.span_id
-        and m.preference = 1
-),
-
--- candidates (what the router saw) ---------------------------------------------------------
-
-candidates_recorded as (
-    select
-        d.request_id,
-        d.attempt,
-        d.decision_span_id,
-        c.replica,
-        coalesce(c.eligible, true) as eligible,
-        c.excluded_reason,
-        coalesce(c.chosen, c.replica = d.chosen_replica, false) as chosen,
-        cast(c.waiting as double) as seen_waiting,
-        cast(c.running as double) as seen_running,
-        c.kv_usage as seen_kv_usage,
-        c.remaining_tokens as seen_remaining_tokens,
-        c.pending as seen_pending,
-        c.telemetry_ts,
-        coalesce(
-            c.telemetry_age_ms,
-            date_diff('microsecond', c.telemetry_ts, d.decided_at) / 1000.0
-        ) as telemetry_age_ms,
-        c.predicted_cached_tokens,
-        c.est_queue_ms as router_est_queue_ms,
-        c.est_prefill_ms as router_est_prefill_ms,
-        c.score,
-        'recorded' as evidence_source
-    from decisions_resolved as d
-    inner join all_candidates as c
-        on d.request_id = c.request_id
-        and d.attempt is not distinct from c.attempt
-        and (
-            c.decision_span_id is null
-            or d.decision_span_id is null
-            or c.decision_span_id = d.decision_span_id
-        )
-),
-
-decisions_unrecorded as (
-    select d.*
-    from decisions_resolved as d
-    anti join candidates_recorded as c
-        on d.request_id = c.request_id
-        and d.attempt is not distinct from c.attempt
-),
-
-run_replicas as (
-    select distinct
-        run_id,
-        replica
-    from timed
-    where replica is not null
-),
-
 scrapes as (
     -- one scrape holds one row per dp rank: add the ranks of a replica at one instant
     select
@@ -328,268 +83,16 @@ scrapes as (
     where coalesce(ok, true)
     group by all
 ),
-
-reconstructed_pairs as (
-    select
-        d.request_id,
-        d.attempt,
-        d.decision_span_id,
-        d.decided_at,
-        d.chosen_replica,
-        x.replica
-    from decisions_unrecorded as d
-    inner join run_replicas as x
-        on d.run_id is not distinct from x.run_id
-    union
-    select
-        d.request_id,
-        d.attempt,
-        d.decision_span_id,
-        d.decided_at,
-        d.chosen_replica,
-        d.chosen_replica as replica
-    from decisions_unrecorded as d
-    where d.chosen_replica is not null
-),
-
-candidates_reconstructed as (
-    select
-        p.request_id,
-        p.attempt,
-        p.decision_span_id,
-        p.replica,
-        true as eligible,
-        cast(null as varchar) as excluded_reason,
-        p.replica is not distinct from p.chosen_replica as chosen,
-        s.waiting as seen_waiting,
-        s.running as seen_running,
-        s.kv_usage as seen_kv_usage,
-        cast(null as bigint) as seen_remaining_tokens,
-        cast(null as bigint) as seen_pending,
-        s.scraped_at as telemetry_ts,
-        date_diff('microsecond', s.scraped_at, p.decided_at) / 1000.0
-            as telemetry_age_ms,
-        cast(null as bigint) as predicted_cached_tokens,
-        cast(null as double) as router_est_queue_ms,
-        cast(null as double) as router_est_prefill_ms,
-        cast(null as double) as score,
-        'reconstructed' as evidence_source
-    from reconstructed_pairs as p
-    asof left join scrapes as s
-        on p.replica = s.replica
-        and p.decided_at >= s.scraped_at
-),
-
-candidates_resolved as (
-    select * from candidates_recorded
-    union all by name
-    select * from candidates_reconstructed
-),
-
--- true state at the decision instant -------------------------------------------------------
-
-candidate_instants as (
-    select
-        c.request_id,
-        c.attempt,
-        c.decision_span_id,
-        c.replica,
-        d.decided_at
-    from candidates_resolved as c
-    inner join decisions_resolved as d
-        on c.request_id = d.request_id
-        and c.attempt is not distinct from d.attempt
-        and c.decision_span_id is not distinct from d.decision_span_id
-),
-
-present_work as (
-    -- other requests on the candidate replica at t: arrived and not finished
-    select
-        c.request_id,
-        c.attempt,
-        c.decision_span_id,
-        c.replica,
-        c.decided_at,
-        e.prefill_start_at > c.decided_at as is_queued,
-        e.first_token_at,
-        e.uncached_tokens,
-        coalesce(e.output_tokens, 0) as output_tokens,
-        case
-            when e.first_token_at <= c.decided_at then 0.0
-            when e.prefill_start_at > c.decided_at then 1.0
-            else date_diff('microsecond', c.decided_at, e.first_token_at)
-                / greatest(
-                    date_diff('microsecond', e.prefill_start_at, e.first_token_at),
-                    1
-                )
-        end as prefill_left,
-        case
-            when e.first_token_at > c.decided_at then 1.0
-            else date_diff('microsecond', c.decided_at, e.end_at_eff)
-                / greatest(
-                    date_diff('microsecond', e.first_token_at, e.end_at_eff), 1
-                )
-        end as decode_left
-    from candidate_instants as c
-    inner join timed as e
-        on c.replica = e.replica
-        and e.start_at <= c.decided_at
-        and e.end_at_eff > c.decided_at
-        and e.request_id is distinct from c.request_id
-),
-
-true_state_aggregated as (
-    select
+decisions as (
+    select distinct
         request_id,
         attempt,
         decision_span_id,
-        replica,
-        count(*) filter (where is_queued) as true_waiting,
-        count(*) filter (where not is_queued) as true_running,
-        sum(uncached_tokens * prefill_left + output_tokens * decode_left)
-            as true_remaining_tokens,
-        sum(uncached_tokens) filter (where is_queued)
-            as true_queued_prefill_tokens,
-        max(date_diff('microsecond', decided_at, first_token_at) / 1000.0)
-            filter (where first_token_at > decided_at) as drain_ms
-    from present_work
-    group by all
-),
-
-observed_replicas as (
-    select distinct replica from timed
-    union
-    select distinct replica from all_snapshots
-),
-
--- estimates --------------------------------------------------------------------------------
-
-candidates_estimated as (
-    select
-        c.*,
-        o.replica is not null as replica_observed,
-        coalesce(s.true_waiting, 0) as true_waiting,
-        coalesce(s.true_running, 0) as true_running,
-        coalesce(s.true_remaining_tokens, 0.0) as true_remaining_tokens,
-        coalesce(s.true_queued_prefill_tokens, 0) as true_queued_prefill_tokens,
-        coalesce(s.drain_ms, 0.0) as drain_ms,
-        coalesce(k.calibrated_from, 'fleet_median') as calibrated_from,
-        coalesce(k.prefill_ms_per_token, f.fleet_prefill_ms_per_token)
-            as prefill_ms_per_token,
-        coalesce(k.prefill_intercept_ms, f.fleet_prefill_intercept_ms, 0.0)
-            as prefill_intercept_ms,
-        coalesce(k.decode_ms_per_token, f.fleet_decode_ms_per_token)
-            as decode_ms_per_token,
-        f.fleet_prefill_ms_per_token,
-        f.fleet_prefill_intercept_ms,
-        f.fleet_decode_ms_per_token,
-        d.run_id,
-        d.forward_delay_ms,
-        d.exec_replica,
-        d.exec_cached_tokens
-    from candidates_resolved as c
-    inner join decisions_resolved as d
-        on c.request_id = d.request_id
-        and c.attempt is not distinct from d.attempt
-        and c.decision_span_id is not distinct from d.decision_span_id
-    left join true_state_aggregated as s
-        on c.request_id = s.request_id
-        and c.attempt is not distinct from s.attempt
-        and c.decision_span_id is not distinct from s.decision_span_id
-        and c.replica = s.replica
-    left join observed_replicas as o
-        on c.replica = o.replica
-    left join calibration_replicas as k
-        on d.run_id is not distinct from k.run_id
-        and c.replica = k.replica
-    left join calibration_fleet as f
-        on d.run_id is not distinct from f.run_id
-),
-
-candidates_with_ttft as (
-    select
-        c.*,
-        -- cache the request would have found there: the replica's report where it ran,
-        -- else the router's prediction (0 when the router predicted nothing)
-        case
-            when c.replica = c.exec_replica and c.exec_cached_tokens is not null
-                then c.exec_cached_tokens
-            else least(
-                coalesce(c.predicted_cached_tokens, 0),
-                coalesce(j.input_tokens, c.predicted_cached_tokens, 0)
-            )
-        end as cached_assumed_tokens,
-        -- FCFS: it would start prefill once the work present at t had its first token
-        greatest(c.drain_ms - c.forward_delay_ms, 0.0) as wait_est_ms
-    from candidates_estimated as c
-    left join judged as j
-        on c.request_id = j.request_id
-),
-
-candidates_final as (
-    select
-        c.*,
-        c.prefill_intercept_ms
-        + c.prefill_ms_per_token
-        * greatest(coalesce(j.input_tokens, 0) - c.cached_assumed_tokens, 0)
-            as prefill_est_ms,
-        -- idle and cache-hot: the best of what was there and what the router predicted
-        c.prefill_intercept_ms
-        + c.prefill_ms_per_token
-        * greatest(
-            coalesce(j.input_tokens, 0)
-            - greatest(c.cached_assumed_tokens, coalesce(c.predicted_cached_tokens, 0)),
-            0
-        ) as prefill_ideal_ms
-    from candidates_with_ttft as c
-    left join judged as j
-        on c.request_id = j.request_id
-),
-
--- evidence per decision --------------------------------------------------------------------
-
-chosen_telemetry as (
-    select
-        c.request_id,
-        c.attempt,
-        c.decision_span_id,
-        d.run_id,
-        d.decided_at,
-        d.chosen_replica,
-        d.router_id,
-        c.telemetry_ts,
-        coalesce(c.seen_pending, 0) as seen_pending
-    from candidates_resolved as c
-    inner join decisions_resolved as d
-        on c.request_id = d.request_id
-        and c.attempt is not distinct from d.attempt
-        and c.decision_span_id is not distinct from d.decision_span_id
-    where c.chosen and c.telemetry_ts is not null
-),
-
-herding_ranked as (
-    -- decisions onto one replica made on one telemetry sample of it
-    select
-        *,
-        row_number() over episode as episode_rank,
-        count(*) over (
-            partition by run_id, chosen_replica, telemetry_ts
-        ) as episode_decisions
-    from chosen_telemetry
-    window episode as (
-        partition by run_id, chosen_replica, telemetry_ts order by decided_at
-    )
-),
-
-herding_members as (
-    select
-        *,
-        -- earlier assignments in the episode that the router's pending did not count
-        greatest(episode_rank - 1 - seen_pending, 0) as unreflected_assignments,
-        sum(greatest(episode_rank - 1 - seen_pending, 0)) over (
-            partition by run_id, chosen_replica, telemetry_ts
-        ) as episode_unreflected
-    from herding_ranked
+        decided_at,
+        decision_replica,
+        exec_prefill_start_at
+    from state
+    where decided_at is not null
 ),
 
 kv_pressure as (
@@ -599,115 +102,73 @@ kv_pressure as (
         d.attempt,
         d.decision_span_id,
         max(s.kv_usage) as max_kv_usage_scraped
-    from decisions_resolved as d
+    from decisions as d
     cross join thresholds as t
     inner join scrapes as s
-        on d.chosen_replica = s.replica
+        on d.decision_replica = s.replica
         and s.scraped_at
         >= d.decided_at - to_microseconds(cast(t.lookback_ms * 1000 as bigint))
         and s.scraped_at <= coalesce(d.exec_prefill_start_at, d.decided_at)
     group by all
 ),
 
-preemptions_nearby as (
-    -- other requests on the chosen replica preempted while this one waited
+estimated as (
     select
-        d.request_id,
-        d.attempt,
-        d.decision_span_id,
-        sum(e.preemptions) as preemptions_nearby
-    from decisions_resolved as d
-    inner join timed as e
-        on d.chosen_replica = e.replica
-        and e.request_id <> d.request_id
-        and e.start_at <= coalesce(d.exec_prefill_start_at, d.decided_at)
-        and e.end_at_eff >= d.decided_at
-        and e.preemptions > 0
-    group by all
-),
-
-prefix_served as (
-    -- an earlier request sharing a prefix block with this one had its prefill on the chosen
-    -- replica before this prefill started: the replica held (part of) the prefix
-    select
-        d.request_id,
-        d.attempt,
-        d.decision_span_id,
-        max(e.first_token_at) as prefix_last_served_at
-    from decisions_resolved as d
-    inner join decision_prefixes as p
-        on d.request_id = p.request_id
-        and coalesce(d.attempt, 0) = p.attempt
-    inner join timed as e
-        on d.chosen_replica = e.replica
-        and e.request_id <> d.request_id
-        and e.first_token_at <= coalesce(d.exec_prefill_start_at, d.decided_at)
-    inner join decision_prefixes as q
-        on e.request_id = q.request_id
-        and len(list_intersect(p.prefix_hashes, q.prefix_hashes)) > 0
-    group by all
-),
-
-decisions_evidenced as (
-    select
-        d.*,
-        h.telemetry_ts as chosen_telemetry_ts,
-        h.episode_rank,
-        h.episode_decisions,
-        h.unreflected_assignments,
-        h.episode_unreflected,
+        j.*,
+        s.* exclude (request_id),
         coalesce(
-            h.episode_decisions >= t.herding_min_decisions
-            and h.episode_unreflected > 0
-            and h.unreflected_assignments > 0,
+            s.episode_decisions >= t.herding_min_decisions
+            and s.episode_unreflected > 0
+            and s.unreflected_assignments > 0,
             false
         ) as in_herding_episode,
         k.max_kv_usage_scraped,
-        coalesce(n.preemptions_nearby, 0) as preemptions_nearby,
-        p.request_id is not null as has_prefix_hashes,
-        s.prefix_last_served_at
-    from decisions_resolved as d
+        case when s.replica is not null then coalesce(c.calibrated_from, 'fleet_median') end
+            as calibrated_from,
+        coalesce(c.prefill_ms_per_token, f.fleet_prefill_ms_per_token)
+            as prefill_ms_per_token,
+        coalesce(c.prefill_intercept_ms, f.fleet_prefill_intercept_ms, 0.0)
+            as prefill_intercept_ms,
+        coalesce(c.decode_ms_per_token, f.fleet_decode_ms_per_token)
+            as decode_ms_per_token,
+        f.fleet_prefill_ms_per_token,
+        f.fleet_prefill_intercept_ms,
+        f.fleet_decode_ms_per_token
+    from judged as j
     cross join thresholds as t
-    left join herding_members as h
-        on d.request_id = h.request_id
-        and d.attempt is not distinct from h.attempt
-        and d.decision_span_id is not distinct from h.decision_span_id
+    left join state as s
+        on j.request_id = s.request_id
     left join kv_pressure as k
-        on d.request_id = k.request_id
-        and d.attempt is not distinct from k.attempt
-        and d.decision_span_id is not distinct from k.decision_span_id
-    left join preemptions_nearby as n
-        on d.request_id = n.request_id
-        and d.attempt is not distinct from n.attempt
-        and d.decision_span_id is not distinct from n.decision_span_id
-    left join decision_prefixes as p
-        on d.request_id = p.request_id
-        and coalesce(d.attempt, 0) = p.attempt
-    left join prefix_served as s
-        on d.request_id = s.request_id
-        and d.attempt is not distinct from s.attempt
-        and d.decision_span_id is not distinct from s.decision_span_id
+        on s.request_id = k.request_id
+        and s.attempt is not distinct from k.attempt
+        and s.decision_span_id is not distinct from k.decision_span_id
+    left join calibration_replicas as c
+        on j.run_id is not distinct from c.run_id
+        and s.replica = c.replica
+    left join calibration_fleet as f
+        on j.run_id is not distinct from f.run_id
+        and s.replica is not null
 ),
 
 final as (
     select
-        j.*,
-        d.* exclude (request_id, run_id, router_id, policy, chosen_replica),
-        d.router_id as decision_router_id,
-        d.policy as decision_policy,
-        d.chosen_replica as decision_replica,
-        c.* exclude (
-            request_id, attempt, decision_span_id, run_id, forward_delay_ms,
-            exec_replica, exec_cached_tokens
-        ),
-        c.wait_est_ms + c.prefill_est_ms as ttft_est_ms
-    from judged as j
-    left join decisions_evidenced as d
-        on j.request_id = d.request_id
-    left join candidates_final as c
-        on d.request_id = c.request_id
-        and d.attempt is not distinct from c.attempt
-        and d.decision_span_id is not distinct from c.decision_span_id
+        *,
+        prefill_intercept_ms
+        + prefill_ms_per_token
+        * greatest(coalesce(input_tokens, 0) - cached_assumed_tokens, 0)
+            as prefill_est_ms,
+        -- idle, with the cache it had there (the replica's report where it ran, else the
+        -- router's prediction): what the prompt alone costs on that replica
+        prefill_intercept_ms
+        + prefill_ms_per_token
+        * greatest(coalesce(input_tokens, 0) - cached_assumed_tokens, 0)
+            as prefill_ideal_ms,
+        wait_est_ms
+        + prefill_intercept_ms
+        + prefill_ms_per_token
+        * greatest(coalesce(input_tokens, 0) - cached_assumed_tokens, 0)
+            as ttft_est_ms
+    from estimated
 )
 
 select * from final

@@ -410,7 +410,11 @@ prefix_served as (
         d.request_id,
         d.attempt,
         d.decision_span_id,
-        max(e.first_token_at) as prefix_last_served_at
+        max(e.first_token_at) as prefix_last_served_at,
+        -- how much of this request's prefix the earlier requests covered (blocks, and share)
+        max(len(list_intersect(p.prefix_hashes, q.prefix_hashes))) as prefix_shared_blocks,
+        max(len(list_intersect(p.prefix_hashes, q.prefix_hashes)))
+        / any_value(len(p.prefix_hashes)) as prefix_shared_frac
     from decisions_resolved as d
     inner join decision_prefixes as p
         on d.request_id = p.request_id
@@ -434,7 +438,9 @@ decisions_evidenced as (
         h.episode_unreflected,
         coalesce(n.preemptions_nearby, 0) as preemptions_nearby,
         p.request_id is not null as has_prefix_hashes,
-        s.prefix_last_served_at
+        s.prefix_last_served_at,
+        s.prefix_shared_blocks,
+        s.prefix_shared_frac
     from decisions_resolved as d
     left join herding_members as h
         on d.request_id = h.request_id

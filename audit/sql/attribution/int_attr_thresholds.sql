@@ -37,9 +37,16 @@ thresholds as (
         -- ... and at least this multiple of the replica TTFT
         cast(coalesce(getvariable('routeaudit_client_gap_ratio'), 0.5) as double)
             as client_gap_ratio,
-        -- a cause is reported only when its excess is at least this
-        cast(coalesce(getvariable('routeaudit_cause_min_ms'), 50.0) as double)
+        -- a cause is reported only when its excess is at least this ...
+        cast(coalesce(getvariable('routeaudit_cause_min_ms'), 100.0) as double)
             as cause_min_ms,
+        -- ... and at least this share of the request's TTFT
+        cast(coalesce(getvariable('routeaudit_cause_min_frac'), 0.15) as double)
+            as cause_min_frac,
+        -- long prompt: the ideal prefill (idle replica, best cache) is at least this share of
+        -- the TTFT SLO
+        cast(coalesce(getvariable('routeaudit_long_prompt_frac'), 0.5) as double)
+            as long_prompt_frac,
         -- calibration: observations a replica needs before its own fit is used
         cast(coalesce(getvariable('routeaudit_calibration_min_n'), 5) as bigint)
             as calibration_min_n

@@ -1,0 +1,284 @@
+"""Ingest throughput: stage ceilings, then end to end over real sockets.
+
+Spans are the testbed's (``hot_prefix`` workload through the real OTel SDK: per request a client,
+a decision with 8 candidate events, a forward and a replica span; ~2 KB of protobuf per span),
+encoded with the SDK's ``encode_spans`` into requests of ``--batch`` spans.
+
+Stages (one process, CPU seconds, so other load on the machine matters less):
+protobuf parse, OTLP/JSON parse, decode → Arrow, ``Store.append`` per group size.
+
+End to end: ``python -m collectors.otlp`` in its own process; ``--senders`` processes post the
+requests (each send gets fresh trace ids, so nothing is a duplicate) for ``--seconds`` over
+OTLP/HTTP protobuf, OTLP/HTTP JSON and OTLP/gRPC. A span counts once its export was answered
+OK (= committed); at the end ``count(*)`` over the query endpoint must equal the acknowledged
+spans (visible to queries). The collector's peak RSS (VmHWM) is read from /proc.
+
+    python3 benchmarks/ingest.py                       # stages + 15 s per transport
+    python3 benchmarks/ingest.py --seconds 60 --transports http   # the issue's 60 s run
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MARKER = bytes.fromhex("a1b2c3d4e5f6")
+"""Every template trace id starts with these 6 bytes; each send replaces them (fresh ids)."""
+
+
+def make_templates(n_requests: int, batch: int, cache: Path | None) -> list[bytes]:
+    """Serialized ExportTraceServiceRequests of ``batch`` spans with marker-prefixed trace ids."""
+    if cache is not None and cache.exists():
+        return pickle.loads(cache.read_bytes())
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import testbed
+    from testbed.emit import OTelEmitter
+
+    exp = InMemorySpanExporter()
+    em = OTelEmitter(exp, batch=False)
+    sim = testbed.prepare_scenario("baseline", n_requests=n_requests, replicas=8, emitter=em,
+                                   workload="hot_prefix")
+    sim.run()
+    spans = list(exp.get_finished_spans())
+    em.close()
+    bodies = []
+    for i in range(0, len(spans) - batch + 1, batch):
+        req = encode_spans(spans[i:i + batch])
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                for sp in ss.spans:
+                    sp.trace_id = MARKER + sp.trace_id[6:]
+        bodies.append(req.SerializeToString())
+    if cache is not None:
+        cache.write_bytes(pickle.dumps(bodies))
+    return bodies
+
+
+def to_json(body: bytes) -> str:
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(body)
+    doc = json_format.MessageToDict(req)
+    # OTLP/JSON encodes ids as hex (protobuf's JSON mapping would give base64).
+    import base64
+
+    for rs in doc.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for sp in ss.get("spans", []):
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if k in sp:
+                        sp[k] = base64.b64decode(sp[k]).hex()
+    return json.dumps(doc)
+
+
+# -- stages -------------------------------------------------------------------------------------
+def stages(bodies: list[bytes], batch: int) -> dict[str, float]:
+    from collectors.otlp._decode import decode, parse_json, parse_protobuf
+
+    out: dict[str, float] = {}
+    n = batch * len(bodies)
+    t = time.process_time()
+    reqs = [parse_protobuf(b) for b in bodies]
+    out["protobuf parse"] = n / (time.process_time() - t)
+    jsons = [to_json(b).encode() for b in bodies[:4]]
+    t = time.process_time()
+    for j in jsons:
+        parse_json(j)
+    out["OTLP/JSON parse"] = batch * len(jsons) / (time.process_time() - t)
+    decode(reqs[0], 1)  # warm up
+    t = time.process_time()
+    decoded = [decode(r, time.time_ns()) for r in reqs]
+    out["decode → Arrow"] = n / (time.process_time() - t)
+    # Store.append per group size (fresh trace ids per append: no duplicates).
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from audit._store import Store
+
+    spans = pa.concat_tables([d.spans for d in decoded])
+    events = pa.concat_tables([d.events for d in decoded])
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "s.duckdb", refresh_interval_s=3600)
+        k = 0
+        for group in (512, 4096, 16384):
+            reps = max(1, 40_000 // group)
+            sub_s = spans.slice(0, group)
+            keys = set(zip(sub_s["trace_id"].to_pylist(), sub_s["span_id"].to_pylist()))
+            mask = [(a, b) in keys for a, b in zip(events["trace_id"].to_pylist(), events["span_id"].to_pylist())]
+            sub_e = events.filter(pa.array(mask))
+            if sub_s.num_rows < group:
+                continue
+            elapsed = 0.0
+            for _ in range(reps):
+                k += 1
+                prefix = f"{k:08x}"
+                s2 = sub_s.set_column(0, "trace_id", pc.binary_join_element_wise(
+                    pa.scalar(prefix), pc.utf8_slice_codeunits(sub_s["trace_id"], 8), ""))
+                e2 = sub_e.set_column(0, "trace_id", pc.binary_join_element_wise(
+                    pa.scalar(prefix), pc.utf8_slice_codeunits(sub_e["trace_id"], 8), ""))
+                t = time.perf_counter()
+                store.append(spans=s2, events=e2)
+                elapsed += time.perf_counter() - t
+            out[f"Store.append, {group} spans/commit"] = group * reps / elapsed
+        store._dirty = False
+        store.close()
+    return out
+
+
+# -- end to end ---------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _fresh(body: bytes, sender: int, seq: int) -> bytes:
+    return body.replace(MARKER, bytes([0xA0 + sender]) + (seq + 1).to_bytes(5, "big"))
+
+
+def _fresh_json(body: bytes, sender: int, seq: int) -> bytes:
+    return body.replace(MARKER.hex().encode(), (bytes([0xA0 + sender]) + (seq + 1).to_bytes(5, "big")).hex().encode())
+
+
+def sender(transport: str, port: int, bodies: list[bytes], batch: int, idx: int, seconds: float,
+           q: Any) -> None:
+    acked = refused = seq = 0
+    deadline = time.monotonic() + seconds
+    if transport == "grpc":
+        import grpc
+
+        chan = grpc.insecure_channel(f"127.0.0.1:{port}")
+        call = chan.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                                request_serializer=None, response_deserializer=None)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        ctype = "application/json" if transport == "json" else "application/x-protobuf"
+    while time.monotonic() < deadline:
+        body = bodies[seq % len(bodies)]
+        data = _fresh_json(body, idx, seq) if transport == "json" else _fresh(body, idx, seq)
+        seq += 1
+        if transport == "grpc":
+            try:
+                call(data, timeout=60)
+                acked += batch
+            except grpc.RpcError:
+                refused += 1
+                time.sleep(0.2)
+            continue
+        conn.request("POST", "/v1/traces", data, {"content-type": ctype})
+        r = conn.getresponse()
+        r.read()
+        if r.status == 200:
+            acked += batch
+        else:
+            refused += 1
+            time.sleep(0.2)
+    q.put((acked, refused))
+
+
+def _rss(pid: int) -> tuple[int, int]:
+    vals = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS", "VmHWM")):
+            k, v = line.split(":")
+            vals[k] = int(v.split()[0]) * 1024
+    return vals.get("VmRSS", 0), vals.get("VmHWM", 0)
+
+
+def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
+               seconds: float) -> dict[str, Any]:
+    import httpx
+    import pyarrow as pa
+
+    tmp = tempfile.mkdtemp(prefix="ra-ingest-")
+    http_port, grpc_port = _free_port(), _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "collectors.otlp", "--db", f"{tmp}/audit.duckdb",
+                             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                             "--queue-max-spans", "200000"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"http://127.0.0.1:{http_port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        payload = [to_json(b).encode() for b in bodies] if transport == "json" else bodies
+        q: Any = mp.Queue()
+        port = grpc_port if transport == "grpc" else http_port
+        procs = [mp.Process(target=sender, args=(transport, port, payload, batch, i, seconds, q))
+                 for i in range(senders)]
+        t0 = time.perf_counter()
+        for p in procs:
+            p.start()
+        peak_rss = 0
+        while any(p.is_alive() for p in procs):
+            peak_rss = max(peak_rss, _rss(proc.pid)[0])
+            time.sleep(0.5)
+        results = [q.get() for _ in procs]
+        wall = time.perf_counter() - t0
+        acked = sum(a for a, _ in results)
+        refused = sum(r for _, r in results)
+        r = httpx.post(f"http://127.0.0.1:{http_port}/routeaudit/query",
+                       json={"sql": "select count(*) from raw_spans"}, timeout=120)
+        stored = pa.ipc.open_stream(r.content).read_all().column(0)[0].as_py()
+        hwm = _rss(proc.pid)[1]
+        return {"transport": transport, "acked": acked, "refused_requests": refused,
+                "stored": stored, "wall_s": wall, "spans_per_s": acked / wall,
+                "peak_rss_mib": max(peak_rss, hwm) / 2**20}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=512, help="spans per export request")
+    ap.add_argument("--senders", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=15.0, help="per transport (issue: 60)")
+    ap.add_argument("--transports", nargs="+", default=["http", "grpc", "json"],
+                    choices=["http", "grpc", "json"])
+    ap.add_argument("--requests", type=int, default=1024, help="testbed requests for templates")
+    ap.add_argument("--cache", default=None, help="pickle file caching the templates")
+    ap.add_argument("--no-stages", action="store_true")
+    args = ap.parse_args()
+    bodies = make_templates(args.requests, args.batch, Path(args.cache) if args.cache else None)
+    print(f"machine: nproc {os.cpu_count()}, load {os.getloadavg()[0]:.1f}; templates: {len(bodies)} "
+          f"requests of {args.batch} spans, {sum(map(len, bodies)) / len(bodies) / args.batch:.0f} "
+          f"bytes/span (protobuf)")
+    if not args.no_stages:
+        print("stage ceilings (spans per CPU second, one core):")
+        for name, rate in stages(bodies, args.batch).items():
+            print(f"  {name:<36} {rate:>10,.0f}")
+    for transport in args.transports:
+        r = end_to_end(transport, bodies, args.batch, args.senders, args.seconds)
+        ok = "OK" if r["stored"] >= r["acked"] else "MISSING SPANS"
+        print(f"end to end {transport:<5} {r['spans_per_s']:>9,.0f} spans/s  acked {r['acked']:,} "
+              f"stored {r['stored']:,} ({ok})  refused requests {r['refused_requests']}  "
+              f"wall {r['wall_s']:.1f} s  collector peak RSS {r['peak_rss_mib']:.0f} MiB", flush=True)
+
+
+if __name__ == "__main__":
+    main()
