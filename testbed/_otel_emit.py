@@ -25,6 +25,12 @@ __all__ = ["OTelEmitter"]
 _LOG = logging.getLogger("testbed.emit")
 
 
+_QUEUE_SPANS = 1 << 16
+"""Span queue of each component's processor (the SDK's default, 2048, overflows here)."""
+_FLUSH_EVERY = 1000
+"""Requests emitted between two flushes: the simulator waits for the exporter (backpressure)."""
+
+
 class _Unclosable:
     """The one exporter every provider shares: providers may flush it, only the emitter closes it."""
 
@@ -57,6 +63,7 @@ class OTelEmitter:
         self._providers: dict[tuple[str, str], TracerProvider] = {}
         self._recorders: dict[str, Any] = {}
         self._closed = False
+        self._emitted = 0
 
     def _provider(self, component: str, instance: str, run_id: str) -> TracerProvider:
         key = (component, instance)
@@ -78,7 +85,11 @@ class OTelEmitter:
                 attrs[sc.ROUTER_ID] = instance
             tp = TracerProvider(resource=Resource.create(attrs))
             shared = _Unclosable(self.exporter)
-            proc = BatchSpanProcessor(shared) if self.batch else SimpleSpanProcessor(shared)
+            # Virtual time emits far faster than real time: a queue that overflows drops spans
+            # silently, so the queue is large and emit() drains it every FLUSH_EVERY requests.
+            proc = (BatchSpanProcessor(shared, max_queue_size=_QUEUE_SPANS,
+                                       max_export_batch_size=1024, schedule_delay_millis=200)
+                    if self.batch else SimpleSpanProcessor(shared))
             tp.add_span_processor(proc)
             self._providers[key] = tp
         return tp
@@ -86,6 +97,9 @@ class OTelEmitter:
     def emit(self, t: RequestTrace) -> None:
         if self._closed:
             return
+        self._emitted += 1
+        if self.batch and self._emitted % _FLUSH_EVERY == 0:
+            self._flush()
         try:
             self._emit(t)
         except Exception:  # never break the simulation
@@ -150,12 +164,7 @@ class OTelEmitter:
             tracer_provider=self._provider("replica", t.replica, t.run_id),
         )
 
-    def close(self) -> None:
-        """Flush and shut down every provider (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        # Every provider shares one exporter: flush them all before any shutdown closes it.
+    def _flush(self) -> None:
         for tp in self._providers.values():
             try:
                 if not tp.force_flush():
@@ -164,6 +173,14 @@ class OTelEmitter:
             except Exception:
                 self.errors += 1
                 _LOG.warning("OTelEmitter: flush failed", exc_info=True)
+
+    def close(self) -> None:
+        """Flush and shut down every provider (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        # Every provider shares one exporter: flush them all before any shutdown closes it.
+        self._flush()
         for tp in self._providers.values():
             try:
                 tp.shutdown()

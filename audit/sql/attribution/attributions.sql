@@ -635,7 +635,8 @@ final as (
             2
         ) as confidence,
         c.evidence,
-        coalesce(s.evidence_source, 'recorded') as evidence_source,
+        -- no decision at all (router side missing): no routing evidence, recorded or rebuilt
+        coalesce(s.evidence_source, 'none') as evidence_source,
         s.status,
         s.missed,
         s.ttft_ms,

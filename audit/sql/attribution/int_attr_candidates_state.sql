@@ -374,7 +374,8 @@ herding_ranked as (
         ) as episode_decisions
     from chosen_telemetry
     window episode as (
-        partition by run_id, chosen_replica, telemetry_ts order by decided_at
+        partition by run_id, chosen_replica, telemetry_ts
+        order by decided_at, request_id, attempt
     )
 ),
 herding_members as (
@@ -403,29 +404,57 @@ preemptions_nearby as (
         and e.preemptions > 0
     group by all
 ),
-prefix_served as (
-    -- an earlier request sharing a prefix block with this one had its prefill on the chosen
-    -- replica before this prefill started: the replica held (part of) the prefix
+served_blocks as (
+    -- every prefix block a replica prefilled, stamped with the request's first token
+    select
+        e.replica,
+        unnest(q.prefix_hashes) as block_hash,
+        e.first_token_at as served_at
+    from timed as e
+    inner join decision_prefixes as q
+        on e.request_id = q.request_id
+    where e.first_token_at is not null
+),
+decision_blocks as (
     select
         d.request_id,
         d.attempt,
         d.decision_span_id,
-        max(e.first_token_at) as prefix_last_served_at,
-        -- how much of this request's prefix the earlier requests covered (blocks, and share)
-        max(len(list_intersect(p.prefix_hashes, q.prefix_hashes))) as prefix_shared_blocks,
-        max(len(list_intersect(p.prefix_hashes, q.prefix_hashes)))
-        / any_value(len(p.prefix_hashes)) as prefix_shared_frac
+        d.chosen_replica,
+        coalesce(d.exec_prefill_start_at, d.decided_at) as needed_at,
+        len(p.prefix_hashes) as n_blocks,
+        unnest(p.prefix_hashes) as block_hash
     from decisions_resolved as d
     inner join decision_prefixes as p
         on d.request_id = p.request_id
         and coalesce(d.attempt, 0) = p.attempt
-    inner join timed as e
-        on d.chosen_replica = e.replica
-        and e.request_id <> d.request_id
-        and e.first_token_at <= coalesce(d.exec_prefill_start_at, d.decided_at)
-    inner join decision_prefixes as q
-        on e.request_id = q.request_id
-        and len(list_intersect(p.prefix_hashes, q.prefix_hashes)) > 0
+    where d.chosen_replica is not null
+),
+decision_blocks_served as (
+    -- the last time the chosen replica served each block before this prefill started
+    select
+        b.*,
+        s.served_at
+    from decision_blocks as b
+    asof left join served_blocks as s
+        on b.chosen_replica = s.replica
+        and b.block_hash = s.block_hash
+        and b.needed_at >= s.served_at
+),
+prefix_served as (
+    -- earlier requests sharing prefix blocks with this one were prefilled on the chosen replica
+    -- before this prefill: the replica held (part of) the prefix. Block hashes are chained, so
+    -- the blocks found form a prefix and their count is the longest shared prefix. Looking back
+    -- at most 300 s; the lookback threshold is applied on top in int_attr_candidates_assessed.
+    select
+        request_id,
+        attempt,
+        decision_span_id,
+        max(served_at) as prefix_last_served_at,
+        count(served_at) as prefix_shared_blocks,
+        count(served_at) / any_value(n_blocks) as prefix_shared_frac
+    from decision_blocks_served
+    where served_at >= needed_at - interval 300 second
     group by all
 ),
 decisions_evidenced as (
