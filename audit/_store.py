@@ -159,9 +159,10 @@ class Store:
         ``variables`` are DuckDB session variables the relations read (the SLO targets).
         """
         check_read_only(sql)
-        self.refresh_if_due()
         cur = self._con.cursor()
         try:
+            if self._dirty and _reads_relations(cur, sql):
+                self.refresh_if_due()
             return _run(cur, sql, params, variables)
         finally:
             cur.close()
@@ -257,6 +258,15 @@ class Reader:
             return _run(con, sql, params, variables)
         finally:
             con.close()
+
+
+def _reads_relations(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether ``sql`` reads a relation (not only raw tables): only then can a refresh matter."""
+    try:
+        names = con.get_table_names(sql)
+    except duckdb.Error:
+        return True  # cannot tell: refresh, to be safe
+    return bool(set(names) - set(RAW_TABLES) - {"routeaudit_meta"})
 
 
 def _run(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None,

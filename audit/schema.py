@@ -28,10 +28,7 @@ def _arrow_schema(table: str) -> pa.Schema:
         schema = con.sql(f"select * from {table} limit 0").to_arrow_table().schema
     finally:
         con.close()
-    # DuckDB exports JSON columns as an Arrow extension type; plain strings insert fine.
-    return pa.schema(
-        [pa.field(f.name, pa.string()) if "json" in str(f.type).lower() else f for f in schema]
-    )
+    return schema
 
 
 RAW_SPANS_SCHEMA: Final = _arrow_schema("raw_spans")

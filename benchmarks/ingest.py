@@ -246,7 +246,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
         import duckdb
 
         con = duckdb.connect(f"{tmp}/audit.duckdb")
-        stored = con.sql("select count(*) from raw_spans").fetchone()[0]
+        stored = con.execute("select count(*) from raw_spans").fetchone()[0]
         con.close()
         return {"transport": transport, "acked": acked, "refused_requests": refused,
                 "stored": stored, "wall_s": wall, "spans_per_s": acked / wall,

@@ -44,6 +44,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         grpc_port=None if args.grpc_port == 0 else args.grpc_port,
         scrape_targets=tuple(args.scrape or ()),
         scrape_interval_s=args.scrape_interval,
+        keep_prompts=args.keep_prompts,
         **({"token": args.token} if args.token else {}),
     )
     return int(run_collector(config.validate()) or 0)
@@ -91,10 +92,27 @@ def cmd_attribute(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     import audit
-    from audit.attribution import compare_runs, format_comparison
+    from audit.attribution import compare_runs
+    from routeaudit._report import format_comparison
 
-    reader = audit.open(args.db, slo=_slo(args))
-    print(format_comparison(compare_runs(reader, args.baseline, args.candidate)))
+    slo = _slo(args)
+    reader = audit.open(args.db, slo=slo)
+    print(format_comparison(compare_runs(reader, args.baseline, args.candidate, slo=slo)))
+    return 0
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    import audit
+    from audit.attribution import capacity
+    from routeaudit._report import format_capacity
+
+    if not args.target_qps > 0:
+        from audit._errors import AuditError
+
+        raise AuditError("--target-qps must be positive")
+    cap = capacity(audit.open(args.db), args.target_qps, args.headroom,
+                   concurrency=args.concurrency, run=args.run)
+    print(format_capacity(cap))
     return 0
 
 
@@ -165,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scrape", action="append", metavar="URL",
                    help="replica /metrics URL to sample into snapshots (repeatable)")
     p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes")
+    p.add_argument("--keep-prompts", action="store_true",
+                   help="store prompt/completion text attributes (default: dropped, counted)")
     p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("sql", help="run a read-only SQL query on a store (also while collecting)")
@@ -195,6 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate", required=True, help="run id of the candidate policy")
     _add_slo_args(p)
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("capacity", help="replicas needed for a target QPS (Little's law)")
+    p.add_argument("--db", required=True)
+    p.add_argument("--target-qps", type=float, required=True)
+    p.add_argument("--headroom", type=float, default=0.3, help="extra share (default 0.3)")
+    p.add_argument("--concurrency", type=float, default=None,
+                   help="requests one replica runs at once (default: observed peak)")
+    p.add_argument("--run", default=None, help="only this run's executions")
+    p.set_defaults(func=cmd_capacity)
 
     p = sub.add_parser("dashboard", help="open the Streamlit dashboard on a store")
     p.add_argument("--db", default=None, help="store (default: the bundled sample data)")

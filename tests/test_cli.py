@@ -71,3 +71,31 @@ def test_dashboard_refuses_a_public_address_without_a_token() -> None:
 def test_collect_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
     out = run("collect", "--db", str(tmp_path / "a.duckdb"), "--host", "0.0.0.0")
     assert out.returncode == 2 and "without a token" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_compare_and_capacity_on_the_sample_data(tmp_path: Path) -> None:
+    from routeaudit._demo import SAMPLE_DIR
+    from audit._store import Store
+    import pyarrow.parquet as pq
+
+    db = tmp_path / "sample.duckdb"
+    store = Store(db)
+    store.append(spans=pq.read_table(SAMPLE_DIR / "raw_spans.parquet"),
+                 events=pq.read_table(SAMPLE_DIR / "raw_span_events.parquet"))
+    store.close()
+    import audit
+
+    truth = audit.open(db).query(
+        "select run_id, count(*) as n, quantile_cont(ttft_ms, 0.5) as p50 from requests "
+        "group by run_id order by run_id").rows(named=True)
+    out = run("compare", "--db", str(db), "--baseline", "mixed-round_robin-s0",
+              "--candidate", "mixed-qp_cost-s0")
+    assert out.returncode == 0, out.stderr
+    p50 = next(line for line in out.stdout.splitlines() if line.startswith("TTFT p50"))
+    by_run = {r["run_id"]: r for r in truth}
+    assert p50.split()[2:4] == [f"{by_run['mixed-round_robin-s0']['p50']:.0f}", "ms"]
+    assert "Mann-Whitney" in out.stdout and "timeouts" in out.stdout
+    out = run("capacity", "--db", str(db), "--target-qps", "20", "--concurrency", "10")
+    assert out.returncode == 0 and "C = 10 (given)" in out.stdout
+    out = run("compare", "--db", str(db), "--baseline", "nope", "--candidate", "mixed-qp_cost-s0")
+    assert out.returncode == 0 and "no requests for run 'nope'" in out.stdout

@@ -137,3 +137,14 @@ def test_public_surface() -> None:
     assert sorted(audit.__all__) == sorted(["open", "Store", "Reader", "AuditError", "SLO", "load_slo"])
     for name in audit.__all__:
         assert getattr(audit, name) is not None
+
+
+def test_raw_queries_do_not_wait_for_a_refresh(store_path: Path) -> None:
+    store = Store(store_path)
+    store.append(_spans("00000000000000b1"))
+    assert store.dirty
+    assert store.query_arrow("select count(*) as n from raw_spans").to_pylist() == [{"n": 1}]
+    assert store.dirty  # raw tables are current without rebuilding the relations
+    store.query_arrow("select count(*) as n from requests")
+    assert not store.dirty
+    store.close()

@@ -7,7 +7,7 @@ create table if not exists raw_span_events (
     event_index bigint not null,
     name varchar not null,
     time_ns bigint not null,            -- Unix ns, emitting host's clock
-    attributes json,
+    attributes varchar,
     c_replica VARCHAR,
     c_eligible BOOLEAN,
     c_excluded_reason VARCHAR,
