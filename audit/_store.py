@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow as pa
 
 from audit import _relations
-from audit._errors import CollectorUnavailable, QueryError, StoreError
+from audit._errors import AuditError, CollectorUnavailable, QueryError, StoreError
 from audit._readonly import check_read_only
 from audit._slo import SLO, load_slo
 from audit.schema import RAW_TABLES, raw_ddl
@@ -204,6 +204,7 @@ class Reader:
     def __init__(self, path: str | os.PathLike[str], *, slo: SLO | None = None) -> None:
         self.path = Path(path)
         self.slo = slo or load_slo()
+        self._rebuild_tried = False
         if not self.path.exists():
             raise StoreError(f"no store at {self.path} (start `routeaudit collect --db {self.path}` or run `routeaudit demo`)")
 
@@ -243,21 +244,41 @@ class Reader:
 
     def _query_file(self, sql: str, params: Sequence[Any] | None,
                     variables: Mapping[str, float | str]) -> pa.Table:
-        try:
-            con = duckdb.connect(os.fspath(self.path), read_only=True,
-                                 config={"enable_external_access": False})
-        except duckdb.IOException as exc:
-            raise StoreError(_lock_message(self.path, exc)) from exc
-        except duckdb.Error as exc:
-            raise StoreError(f"{self.path} is not a DuckDB store: {_one_line(exc)}") from exc
+        con = self._connect_read_only()
         try:
             _tune(con)
             if not _views_current(con):
-                # Written by another version and not refreshed since: correct but slow.
+                con.close()
+                if self._rebuild():
+                    return self._query_file(sql, params, variables)
+                con = self._connect_read_only()
+                _tune(con)
+                # Written by another version and cannot be rebuilt now: correct but slow.
                 _relations.install(con, temporary=True)
             return _run(con, sql, params, variables)
         finally:
             con.close()
+
+    def _connect_read_only(self) -> duckdb.DuckDBPyConnection:
+        try:
+            return duckdb.connect(os.fspath(self.path), read_only=True,
+                                  config={"enable_external_access": False})
+        except duckdb.IOException as exc:
+            raise StoreError(_lock_message(self.path, exc)) from exc
+        except duckdb.Error as exc:
+            raise StoreError(f"{self.path} is not a DuckDB store: {_one_line(exc)}") from exc
+
+    def _rebuild(self) -> bool:
+        """Rebuild the relations of a store written by another version of the SQL, when no
+        other process holds the file; False when it cannot (then reads use temporary views)."""
+        if self._rebuild_tried:
+            return False
+        self._rebuild_tried = True
+        try:
+            Store(self.path).close()
+        except (AuditError, duckdb.Error, OSError):
+            return False
+        return True
 
 
 def _reads_relations(con: duckdb.DuckDBPyConnection, sql: str) -> bool:

@@ -78,8 +78,12 @@ def run_demo(*, db: Path, scenario: str, n_requests: int | None, seed: int, slo:
     elapsed = time.perf_counter() - started
     reader = audit.open(db, slo=slo)
     spans = reader.query("select count(*) as n from raw_spans")["n"][0]
+    stored = reader.query("select count(*) as n from requests where has_client")["n"][0]
     print(f"\nreplayed {summary.n_requests} requests of scenario {scenario!r} "
           f"(run {summary.run_id}) in {elapsed:.1f} s; {spans} spans stored in {db}")
+    if stored != summary.n_requests:
+        print(f"warning: {summary.n_requests - stored} requests did not reach the store "
+              "(spans lost between the SDK and the collector)", file=sys.stderr)
     print(summary_text(reader))
     print(f"\nground truth (testbed only, never read by the audit): {_ground_truth_path(db)}")
     print(f"next: routeaudit dashboard --db {db}    or    routeaudit sql --db {db} "

@@ -158,7 +158,9 @@ class LabelConfig:
     ttft_slo_ms: float = _f(2000.0, "a request is slow when its TTFT exceeds this")
     min_cause_ms: float = _f(100.0, "a cause counts only if it explains at least this many ms")
     min_cause_frac: float = _f(0.15, "...and at least this fraction of the request's TTFT")
-    long_prompt_frac: float = _f(0.5, "long_prompt when the ideal TTFT is >= this share of the SLO")
+    cache_tolerance_tokens: int = _f(
+        16, "eviction only when predicted - reused cached tokens is at least this (one KV block)"
+    )
     slow_replica_speed: float = _f(0.9, "a replica with speed below this counts as slow")
 
 

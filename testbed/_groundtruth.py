@@ -22,6 +22,13 @@ CAUSES = ("misrouting", "eviction", "stale_telemetry", "overload", "slow_replica
 
 
 def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
+    """Causes of one request and their cost in ms (rules: docs/testbed.md, "Labelling rules").
+
+    One principle for every cause: its ms are a counterfactual saving, how much lower the TTFT
+    would have been had that cause been absent, estimated on the simulator's true state at the
+    decision (cost model Q+P, true backlog, true cache, true speed). The primary cause is the
+    counted cause with the largest saving.
+    """
     lc = sim.cfg.labels
     cost = sim.cfg.cost
     req = rec.req
@@ -41,6 +48,7 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
         "ideal_ttft_ms": ideal,
         "cause_ms": dict.fromkeys(CAUSES, 0.0),
         "stale_subcause": None,
+        "eviction_subcause": None,
     }
     cause_ms: dict[str, float] = out["cause_ms"]
     if ch is None or ch.index is None:  # rejected: the fleet had no admissible room
@@ -50,30 +58,30 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
         return out
     c = ch.index
     seq = rec.seq
-    # -- cache outcome on the chosen replica
+    # -- cache outcome on the chosen replica: tokens the router predicted cached that the
+    # prefill had to recompute. Whether they were there at the decision and went before the
+    # prefill (evicted after the decision) or were never there (the router's prefix view was
+    # wrong: its tree outlived an eviction, or never matched) is the sub-kind, not the cause:
+    # both are "eviction", sized the same way.
     pred = rec.predicted[c]
     at_dec = rec.true_cached[c]
     actual_cached = (seq.cached_first or 0) if seq is not None else 0
-    if seq is not None and seq.cached_first is None:
-        actual_cached = 0
     admitted = seq is not None and seq.t_admit is not None
-    evicted_after = max(0, at_dec - actual_cached) if admitted else 0
-    # the router believed in blocks the replica no longer had (its tree outlived an eviction)
-    stale_view = max(0, min(pred, req.input_tokens - 1) - max(at_dec, actual_cached)) if admitted else 0
-    bt = req.block_tokens
-    lost = 0
-    if evicted_after >= bt or (evicted_after > 0 and evicted_after >= at_dec):
-        outcome = "evicted_before_prefill"
-        lost = evicted_after + stale_view
-    elif stale_view >= bt:
-        outcome = "never_present"
-        lost = stale_view
-    elif pred > 0:
-        outcome = "as_predicted"
-    elif actual_cached > 0:
-        outcome = "unpredicted_hit"
+    expected = min(pred, req.input_tokens - 1)
+    lost = max(0, expected - actual_cached) if admitted else 0
+    tol = lc.cache_tolerance_tokens
+    evicted_after = max(0, min(at_dec, expected) - actual_cached) if admitted else 0
+    if lost >= tol:
+        never = lost - evicted_after
+        outcome = "evicted_before_prefill" if evicted_after >= never else "never_present"
     else:
-        outcome = "no_prediction"
+        lost = 0
+        if pred > 0:
+            outcome = "as_predicted"
+        elif actual_cached > 0:
+            outcome = "unpredicted_hit"
+        else:
+            outcome = "no_prediction"
     out["cache_outcome"] = outcome
     out["lost_cached_tokens"] = lost
     # -- actual TTFT (or its lower bound when cancelled before the first token)
@@ -84,24 +92,48 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
         end = seq.t_finish if seq is not None and seq.t_finish is not None else rec.t_decide
         actual = (end - req.arrival_s) * 1000.0
         out["actual_ttft_ms"] = None
-    out["chosen_est_ttft_ms"] = est_ttft[c]
     slow = out["actual_ttft_ms"] is None or actual > lc.ttft_slo_ms
     out["slow"] = slow
-    # -- attributed milliseconds per cause
-    tl = rec.d_true_load
-    if tl is not None and tl != c:
-        cause_ms["stale_telemetry"] = max(0.0, est_ttft[c] - est_ttft[tl])
     margin = max(lc.min_cause_ms, lc.min_cause_frac * actual)
-    after_stale = est_ttft[tl] if (tl is not None and cause_ms["stale_telemetry"] >= margin) else est_ttft[c]
-    cause_ms["misrouting"] = max(0.0, after_stale - est_ttft[best])
+    # -- counterfactual savings per cause
+    # eviction: had the predicted blocks been there, their prefill would not have run
     if lost:
-        speed = rec.speed
-        cause_ms["eviction"] = cost.prefill_chunk_ms(actual_cached, lost) / speed
+        cause_ms["eviction"] = cost.prefill_chunk_ms(actual_cached, lost) / rec.speed
+    # routing: estimate against estimate, so the cost model's error on this request cancels
+    # (the counterfactual TTFT on r is actual - (E'(c) - E(r))). E'(c) is the chosen replica on
+    # the true load with the cache the router predicted there (the eviction is its own cause).
+    # Stale telemetry: the policy re-run on the true load (its own cache view kept) picks d;
+    # its saving is E'(c) - E(d). Misrouting: what the best replica would still have saved
+    # beyond that decision, or beyond the choice made when the view did not change it
+    # materially: E(d) - E(best), else E'(c) - E(best).
+    routed_cached = min(max(at_dec, expected), req.input_tokens - 1)
+    if routed_cached != at_dec:
+        sn = rec.true_snaps[c]
+        rq, rp = cost.estimate_ms(
+            backlog_prefill_tokens=sn.remaining_prefill_tokens, n_running=sn.running,
+            uncached_tokens=req.input_tokens - routed_cached, cached_tokens=routed_cached,
+            max_batched_tokens=sim.replicas[c].cfg.max_batched_tokens, speed=rec.speed,
+        )
+        routed = rq + rp
+    else:
+        routed = est_ttft[c]
+    out["chosen_est_ttft_ms"] = routed
+    tl = rec.d_true_load
+    stale_saving = max(0.0, routed - est_ttft[tl]) if (tl is not None and tl != c) else 0.0
+    if stale_saving >= margin:
+        cause_ms["stale_telemetry"] = stale_saving
+        cause_ms["misrouting"] = max(0.0, est_ttft[tl] - est_ttft[best])
+    else:
+        cause_ms["misrouting"] = max(0.0, routed - est_ttft[best])
+    # overload: the wait even the best-placed request would have had
     cause_ms["overload"] = min(q for q, _ in rec.est)
+    # slow replica: at nominal speed everything on it takes `speed` as long
     if rec.speed < lc.slow_replica_speed:
         cause_ms["slow_replica"] = actual * (1.0 - rec.speed)
-    if ideal >= lc.long_prompt_frac * lc.ttft_slo_ms:
-        cause_ms["long_prompt"] = ideal
+    # long prompt: the part of the best achievable TTFT (idle nominal replica, best cache
+    # anywhere) above the SLO: only a prompt whose ideal itself misses the SLO
+    if ideal > lc.ttft_slo_ms:
+        cause_ms["long_prompt"] = ideal - lc.ttft_slo_ms
     causes: list[str] = []
     if slow:
         causes = [k for k in CAUSES if cause_ms[k] >= margin]
@@ -112,6 +144,10 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
             out["stale_subcause"] = "own_pending"
         else:
             out["stale_subcause"] = "telemetry_age"
+    if "eviction" in causes:
+        out["eviction_subcause"] = (
+            "evicted_after_decision" if outcome == "evicted_before_prefill" else "never_cached"
+        )
     if causes:
         primary = max(causes, key=lambda k: (cause_ms[k], -CAUSES.index(k)))
     else:
@@ -193,6 +229,7 @@ def ground_truth_row(rec: Record, sim: Simulation) -> dict[str, Any]:
         "causes": list(lab.get("causes", ["none"])),
         "primary_cause": lab.get("primary_cause", "none"),
         "stale_subcause": lab.get("stale_subcause"),
+        "eviction_subcause": lab.get("eviction_subcause"),
     }
     for k in ("misrouting", "eviction", "stale_telemetry", "overload", "slow_replica", "long_prompt"):
         v = cm.get(k, 0.0)

@@ -21,6 +21,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "replayed 150 requests" in out.stdout
     assert "routeaudit dashboard --db" in out.stdout
+    assert "warning" not in out.stderr
     reader = audit.open(db)
     # Every request became one row with all three sides, linked by trace.
     row = reader.query(

@@ -148,3 +148,22 @@ def test_raw_queries_do_not_wait_for_a_refresh(store_path: Path) -> None:
     store.query_arrow("select count(*) as n from requests")
     assert not store.dirty
     store.close()
+
+
+def test_a_store_from_another_sql_version_is_rebuilt_on_first_read(store_path: Path) -> None:
+    store = Store(store_path)
+    store.append(_spans("00000000000000c1"))
+    store.close()
+    import duckdb
+
+    con = duckdb.connect(str(store_path))
+    con.execute("update routeaudit_meta set value = 'older' where key = 'relations_version'")
+    con.close()
+    reader = audit.open(store_path)
+    assert reader.query("select count(*) as n from raw_spans")["n"][0] == 1
+    con = duckdb.connect(str(store_path), read_only=True)
+    version = con.sql("select value from routeaudit_meta where key = 'relations_version'").fetchall()
+    con.close()
+    from audit._relations import relations_version
+
+    assert version == [(relations_version(),)]

@@ -139,3 +139,27 @@ def test_every_policy_runs_every_workload(policy: str, workload: str) -> None:
     for r in sim.replicas:
         r.pool.check()
         assert r.pool.free + r.pool.evictable == r.pool.capacity  # every block returned
+
+
+def test_labels_are_counterfactual_savings(ground_truth: dict[str, list[dict]]) -> None:
+    """long_prompt is the ideal TTFT's part above the SLO; a predicted-but-missing prefix is
+    eviction whether it went after the decision or was never there (sub-cause)."""
+    slo = testbed.LabelConfig().ttft_slo_ms
+    seen_never = 0
+    for rows in ground_truth.values():
+        for r in rows:
+            lp = r["cause_ms_long_prompt"]
+            if r["outcome"] == "routed":
+                if r["ideal_ttft_ms"] > slo:
+                    assert lp == pytest.approx(r["ideal_ttft_ms"] - slo)
+                else:
+                    assert lp == 0.0
+            if "eviction" in r["causes"]:
+                assert r["lost_cached_tokens"] >= 16
+                want = ("evicted_after_decision" if r["cache_outcome"] == "evicted_before_prefill"
+                        else "never_cached")
+                assert r["eviction_subcause"] == want
+                seen_never += want == "never_cached"
+            else:
+                assert r["eviction_subcause"] is None
+    assert seen_never > 0

@@ -21,7 +21,7 @@ final_rows as (
     where needs_attribution and coalesce(is_final, true)
 ),
 
-request_level as (
+request_level_base as (
     select
         request_id,
         any_value(run_id) as run_id,
@@ -52,16 +52,16 @@ request_level as (
         count(replica) as candidates,
         count(replica) filter (where eligible and not replica_observed)
             as eligible_unobserved,
-        -- ideal: a nominal idle replica (the fleet's reference fit) holding the best cache
+        -- ideal: a nominal idle replica (the run's idle fit) holding the best cache
         -- that existed at the decision: the replica's report where it ran, unless earlier
         -- requests sharing the predicted prefix were served there before (then the router's
         -- prediction held at the decision and the blocks went later); elsewhere the router's
         -- prediction
-        any_value(fleet_prefill_intercept_ms)
-        + any_value(fleet_prefill_ms_per_token)
-        * greatest(
-            any_value(input_tokens)
-            - max(
+        any_value(idle_prefill_intercept_ms) as idle_intercept_ms,
+        any_value(idle_prefill_ms_per_token) as idle_ms_per_token,
+        any_value(idle_prefill_attn_ms_per_token2) as idle_attn_ms_per_token2,
+        least(
+            max(
                 case
                     -- (the shared blocks, give or take one, cover the prediction)
                     when chosen
@@ -74,8 +74,8 @@ request_level as (
                     else cached_assumed_tokens
                 end
             ) filter (where eligible and replica_observed),
-            0
-        ) as ideal_prefill_ms,
+            any_value(input_tokens)
+        ) as ideal_cached_tokens,
         arg_max(replica, cached_assumed_tokens)
             filter (where eligible and replica_observed) as ideal_replica,
         -- the wait even the best placement would have had (estimated on the true state)
@@ -84,6 +84,17 @@ request_level as (
             filter (where eligible and replica_observed) as min_wait_replica
     from final_rows
     group by all
+),
+
+request_level as (
+    select
+        * exclude (idle_intercept_ms, idle_ms_per_token, idle_attn_ms_per_token2),
+        idle_intercept_ms
+        + idle_ms_per_token * (input_tokens - ideal_cached_tokens)
+        + idle_attn_ms_per_token2 * (input_tokens - ideal_cached_tokens)
+        * (ideal_cached_tokens + (input_tokens - ideal_cached_tokens) / 2.0)
+            as ideal_prefill_ms
+    from request_level_base
 ),
 
 chosen as (
@@ -248,7 +259,8 @@ judged as (
         ) as is_misrouted,
         -- the router's view flipped the choice: in its own view the chosen replica was at
         -- least as good as the best alternative A, on the true load (the router's cache view
-        -- kept) A was better, and the view of the chosen replica's load was materially wrong.
+        -- kept) A was better, and the view of the chosen replica's (or A's) load was
+        -- materially wrong.
         -- With the router's Q/P estimates the comparison is Q+P against true wait + P (the
         -- policy's own terms); without them, load = waiting + running (+ pending).
         case
@@ -262,6 +274,8 @@ judged as (
                         s.c_wait_est_ms - s.c_router_est_queue_ms >= t.misroute_min_ms
                         or s.c_true_load - s.c_seen_load >= t.stale_min_gap
                         or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
+                        -- or A looked busier than it was (it had drained since the sample)
+                        or s.a_router_est_queue_ms - s.a_wait_est_ms >= t.misroute_min_ms
                     )
             else
                 s.c_seen_load <= s.a_seen_load
@@ -441,24 +455,27 @@ cause_overload as (
 ),
 
 cause_long_prompt as (
+    -- the part of the best achievable TTFT (a nominal idle replica holding the best cache that
+    -- existed) above the TTFT SLO: what no placement could have saved; only when that ideal
+    -- itself misses the SLO
     select
         request_id,
         'long_prompt' as cause,
         cast(null as varchar) as sub_kind,
-        ideal_prefill_ms as excess_ms,
+        ideal_prefill_ms - ttft_slo_ms as excess_ms,
         0.8 as base_confidence,
         printf(
-            'input %d tokens: even idle, the best replica (%s) needs %.0f ms of prefill (TTFT SLO %.0f ms)',
+            'input %d tokens: even idle, the best replica (%s) needs %.0f ms of prefill, %.0f ms over the TTFT SLO of %.0f ms',
             input_tokens,
             ideal_replica,
             ideal_prefill_ms,
+            ideal_prefill_ms - ttft_slo_ms,
             ttft_slo_ms
         ) as evidence
     from judged
-    cross join thresholds as t
     where
         ttft_excess_ms > 0
-        and ideal_prefill_ms >= t.long_prompt_frac * ttft_slo_ms
+        and ideal_prefill_ms > ttft_slo_ms
 ),
 
 cause_slow_replica as (

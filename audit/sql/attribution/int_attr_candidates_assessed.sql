@@ -64,11 +64,37 @@ calibration_replicas as (
 ),
 calibration_fleet as (
     select
-        run_id,
-        median(prefill_ms_per_token) as fleet_prefill_ms_per_token,
-        median(prefill_intercept_ms) as fleet_prefill_intercept_ms,
-        median(decode_ms_per_token) as fleet_decode_ms_per_token
-    from calibration_replicas
+        c.run_id,
+        median(c.prefill_ms_per_token) as fleet_prefill_ms_per_token,
+        median(c.prefill_intercept_ms) as fleet_prefill_intercept_ms,
+        median(c.decode_ms_per_token) as fleet_decode_ms_per_token,
+        -- the idle reference (long_prompt): the run's idle fit when it has the points,
+        -- else the fleet median fit (which includes sharing steps with other requests)
+        any_value(
+            case
+                when i.idle_n >= t.calibration_min_n and i.idle_slope > 0
+                    then i.idle_slope
+            end
+        ) as idle_prefill_ms_per_token,
+        any_value(
+            case
+                when i.idle_n >= t.calibration_min_n and i.idle_slope > 0
+                    then greatest(i.idle_intercept, 0.0)
+            end
+        ) as idle_prefill_intercept_ms,
+        any_value(
+            case
+                when i.idle_n >= t.calibration_min_n and i.idle_slope > 0
+                    then greatest(i.idle_attn_ms_per_token2, 0.0)
+            end
+        ) as idle_prefill_attn_ms_per_token2
+    from calibration_replicas as c
+    cross join thresholds as t
+    left join (
+        select distinct run_id, idle_n, idle_slope, idle_intercept, idle_attn_ms_per_token2
+        from fits
+    ) as i
+        on c.run_id is not distinct from i.run_id
     group by all
 ),
 scrapes as (
@@ -133,7 +159,12 @@ estimated as (
             as decode_ms_per_token,
         f.fleet_prefill_ms_per_token,
         f.fleet_prefill_intercept_ms,
-        f.fleet_decode_ms_per_token
+        f.fleet_decode_ms_per_token,
+        coalesce(f.idle_prefill_ms_per_token, f.fleet_prefill_ms_per_token)
+            as idle_prefill_ms_per_token,
+        coalesce(f.idle_prefill_intercept_ms, f.fleet_prefill_intercept_ms)
+            as idle_prefill_intercept_ms,
+        coalesce(f.idle_prefill_attn_ms_per_token2, 0.0) as idle_prefill_attn_ms_per_token2
     from judged as j
     cross join thresholds as t
     left join state as s

@@ -237,21 +237,61 @@ candidates_resolved as (
     union all by name
     select * from candidates_reconstructed
 ),
+decision_order as (
+    -- a router counts its own assignments not yet in telemetry (pending): within one instant
+    -- each decision adds one, so the sum over its candidates orders same-instant decisions
+    select
+        d.request_id,
+        d.attempt,
+        d.decision_span_id,
+        any_value(d.router_id) as router_id,
+        any_value(d.is_final) as is_final,
+        sum(c.seen_pending) as pending_total
+    from decisions_resolved as d
+    inner join candidates_recorded as c
+        on d.request_id = c.request_id
+        and d.attempt is not distinct from c.attempt
+        and d.decision_span_id is not distinct from c.decision_span_id
+    group by all
+),
+timed_ordered as (
+    select
+        e.*,
+        o.router_id as e_router_id,
+        o.pending_total as e_pending_total
+    from timed as e
+    left join (
+        select * from decision_order where is_final
+    ) as o
+        on e.request_id = o.request_id
+),
 candidate_instants as (
     select
         c.request_id,
         c.attempt,
         c.decision_span_id,
         c.replica,
-        d.decided_at
+        d.decided_at,
+        d.router_id,
+        o.pending_total,
+        d.exec_replica,
+        d.exec_prefill_start_at
     from candidates_resolved as c
     inner join decisions_resolved as d
         on c.request_id = d.request_id
         and c.attempt is not distinct from d.attempt
         and c.decision_span_id is not distinct from d.decision_span_id
+    left join decision_order as o
+        on c.request_id = o.request_id
+        and c.attempt is not distinct from o.attempt
+        and c.decision_span_id is not distinct from o.decision_span_id
 ),
 present_work as (
-    -- other requests on the candidate replica at t: arrived and not finished
+    -- other requests on the candidate replica at t: arrived before t and not finished. One
+    -- that arrived at the very instant t was decided before or after this one (coarse clocks
+    -- and batched arrivals make such ties common): when the same router decided both with
+    -- different pending totals, the smaller came first; else, on the replica that ran this
+    -- request, it came first when its prefill started first (FCFS); else it counts
     select
         c.request_id,
         c.attempt,
@@ -279,11 +319,22 @@ present_work as (
                 )
         end as decode_left
     from candidate_instants as c
-    inner join timed as e
+    inner join timed_ordered as e
         on c.replica = e.replica
         and e.start_at <= c.decided_at
         and e.end_at_eff > c.decided_at
         and e.request_id is distinct from c.request_id
+        and (
+            e.start_at < c.decided_at
+            or case
+                when e.e_router_id = c.router_id
+                    and e.e_pending_total <> c.pending_total
+                    then e.e_pending_total < c.pending_total
+                when c.replica = c.exec_replica
+                    then e.prefill_start_at < c.exec_prefill_start_at
+                else true
+            end
+        )
 ),
 true_state_aggregated as (
     select

@@ -1,7 +1,10 @@
 -- int_attr_replica_fits: one row per (run, replica) with executions: the raw prefill fit
 -- (least squares of prefill_ms on uncached tokens, and the ratio) and decode ms/token, plus the
--- run's pooled values. Independent of the thresholds: int_attr_candidates_assessed chooses
--- between them with calibration_min_n. docs/attribution.md, "Calibration".
+-- run's pooled values, and the run's idle fit (executions whose prefill started on a replica
+-- with nothing queued or prefilling and shared no step with another prefill, each scaled to the fleet's median speed): what a prompt
+-- costs on a nominal idle replica, the long_prompt reference. Independent of the thresholds:
+-- int_attr_candidates_assessed chooses between them with calibration_min_n.
+-- docs/attribution.md, "Calibration".
 with
 
 timed_executions as (
@@ -25,12 +28,39 @@ timed as (
         on e.request_id = r.request_id
 ),
 
+idle_starts as (
+    -- the chosen replica had no request queued or in prefill at the decision (drain 0) ...
+    select distinct exec_span_id as span_id
+    from int_attr_candidates_state
+    where chosen and replica = exec_replica and drain_ms = 0 and exec_span_id is not null
+),
+idle_shared as (
+    -- ... and no other request's prefill overlapped its prefill (a range join bounded by the
+    -- prefills running at once on one replica, like the true-state join)
+    select distinct e.span_id
+    from timed as e
+    inner join idle_starts as i
+        on e.span_id = i.span_id
+    inner join timed as o
+        on e.replica = o.replica
+        and o.prefill_start_at < e.first_token_at
+        and o.first_token_at > e.prefill_start_at
+        and o.span_id <> e.span_id
+),
+idle_solo as (
+    select span_id from idle_starts
+    except
+    select span_id from idle_shared
+),
+
 calibration_points as (
     select
         run_id,
         replica,
+        span_id,
         prefill_ms,
         uncached_tokens,
+        coalesce(cached_tokens, 0) as cached_tokens,
         case
             when output_tokens >= 2 and decode_ms is not null
                 then decode_ms / (output_tokens - 1)
@@ -92,13 +122,79 @@ calibration_pooled as (
     from calibration_points
     group by all
 ),
+speed_scale as (
+    -- a replica's prefill ms/token relative to the run's median replica
+    select
+        run_id,
+        replica,
+        median(fit_ratio) over (partition by run_id) / nullif(fit_ratio, 0) as scale
+    from calibration_per_replica
+),
+idle_points as (
+    select
+        p.run_id,
+        p.prefill_ms * coalesce(k.scale, 1.0) as prefill_ms,
+        p.uncached_tokens as x1,
+        -- attention: each prompt token attends to every earlier one (cached ones included)
+        p.uncached_tokens * (p.cached_tokens + p.uncached_tokens / 2.0) as x2
+    from calibration_points as p
+    inner join idle_solo as i
+        on p.span_id = i.span_id
+    left join speed_scale as k
+        on p.run_id is not distinct from k.run_id
+        and p.replica = k.replica
+    where p.uncached_tokens > 0 and p.prefill_ms is not null
+),
+idle_moments as (
+    select
+        run_id,
+        count(*) as idle_n,
+        avg(prefill_ms) as my,
+        avg(x1) as m1,
+        avg(x2) as m2,
+        covar_pop(x1, x1) as s11,
+        covar_pop(x2, x2) as s22,
+        covar_pop(x1, x2) as s12,
+        covar_pop(x1, prefill_ms) as s1y,
+        covar_pop(x2, prefill_ms) as s2y
+    from idle_points
+    group by all
+),
+calibration_idle as (
+    -- least squares prefill_ms = intercept + slope * uncached + attn * uncached * (cached +
+    -- uncached / 2) (two regressors, closed form); a linear fit when they are collinear
+    select
+        run_id,
+        idle_n,
+        case
+            when s11 * s22 - s12 * s12 > 1e-9 * s11 * s22
+                then (s22 * s1y - s12 * s2y) / (s11 * s22 - s12 * s12)
+            when s11 > 0 then s1y / s11
+        end as idle_slope,
+        case
+            when s11 * s22 - s12 * s12 > 1e-9 * s11 * s22
+                then (s11 * s2y - s12 * s1y) / (s11 * s22 - s12 * s12)
+            when s11 > 0 then 0.0
+        end as idle_attn_ms_per_token2,
+        my as idle_my,
+        m1 as idle_m1,
+        m2 as idle_m2
+    from idle_moments
+),
 final as (
     select
         p.*,
-        q.* exclude (run_id)
+        q.* exclude (run_id),
+        i.idle_n,
+        i.idle_slope,
+        i.idle_attn_ms_per_token2,
+        i.idle_my - i.idle_slope * i.idle_m1 - i.idle_attn_ms_per_token2 * i.idle_m2
+            as idle_intercept
     from calibration_per_replica as p
     left join calibration_pooled as q
         on p.run_id is not distinct from q.run_id
+    left join calibration_idle as i
+        on p.run_id is not distinct from i.run_id
 )
 
 select * from final

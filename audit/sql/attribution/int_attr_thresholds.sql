@@ -43,10 +43,6 @@ thresholds as (
         -- ... and at least this share of the request's TTFT
         cast(coalesce(getvariable('routeaudit_cause_min_frac'), 0.15) as double)
             as cause_min_frac,
-        -- long prompt: the ideal prefill (idle replica, best cache) is at least this share of
-        -- the TTFT SLO
-        cast(coalesce(getvariable('routeaudit_long_prompt_frac'), 0.5) as double)
-            as long_prompt_frac,
         -- calibration: observations a replica needs before its own fit is used
         cast(coalesce(getvariable('routeaudit_calibration_min_n'), 5) as bigint)
             as calibration_min_n
