@@ -31,22 +31,9 @@ PAGES = {
 TIMEOUT = 60
 
 
-def _installs(build: Any, *args: Any, **kwargs: Any) -> Path:
-    """Build a store through ``Store``, which installs every relation in audit/sql/: while
-    those files are being written one may not install; that is not the dashboard's failure."""
-    try:
-        return build(*args, **kwargs)  # type: ignore[no-any-return]
-    except RuntimeError as exc:
-        if "does not install" not in str(exc):
-            raise
-        pytest.xfail(f"audit/sql relations do not install right now: {exc}")
-    except duckdb.Error as exc:
-        pytest.xfail(f"audit/sql relations fail on the raw rows right now: {exc}")
-
-
 @pytest.fixture(scope="session")
 def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _installs(empty_store, tmp_path_factory.mktemp("empty") / "audit.duckdb")
+    return empty_store(tmp_path_factory.mktemp("empty") / "audit.duckdb")
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +50,7 @@ def bare_mart_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def raw_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _installs(raw_store, tmp_path_factory.mktemp("raw") / "audit.duckdb", n=12)
+    return raw_store(tmp_path_factory.mktemp("raw") / "audit.duckdb", n=12)
 
 
 @pytest.fixture(autouse=True)
@@ -323,7 +310,7 @@ def test_sql_examples_run(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> Non
 # --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def raw_requests(raw_db: Path) -> int:
-    """Rows the marts derive from the raw spans; 0 while the marts are placeholders."""
+    """Rows the marts derive from the raw spans."""
     return int(audit.open(raw_db).query("select count(*) as n from requests")["n"][0])
 
 
@@ -331,9 +318,7 @@ def raw_requests(raw_db: Path) -> int:
 @pytest.mark.parametrize("page", ["overview", "slow", "request"])
 def test_page_on_raw_spans(monkeypatch: pytest.MonkeyPatch, raw_db: Path, raw_requests: int,
                            page: str) -> None:
-    if raw_requests == 0:
-        pytest.xfail("the marts are placeholders: raw spans do not reach `requests` yet "
-                     "(re-run once audit/sql/marts lands)")
+    assert raw_requests == 12
     reader = audit.open(raw_db)
     at = open_page(monkeypatch, raw_db, page,
                    {"request_id": "req-0003"} if page == "request" else None)
@@ -350,3 +335,31 @@ def test_page_on_raw_spans(monkeypatch: pytest.MonkeyPatch, raw_db: Path, raw_re
         frames = [df.value for df in at.dataframe]
         cand = next(f for f in frames if "true_in_flight" in f.columns)
         assert len(cand) == 3 and cand["chosen"].sum() == 1
+
+
+# --------------------------------------------------------------------------------------------
+# The bundled sample data (what `routeaudit dashboard` opens without --db)
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def sample_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import pyarrow.parquet as pq
+
+    from audit._store import Store
+    from routeaudit._demo import SAMPLE_DIR
+
+    path = tmp_path_factory.mktemp("sample") / "demo.duckdb"
+    store = Store(path)
+    store.append(spans=pq.read_table(SAMPLE_DIR / "raw_spans.parquet"),
+                 events=pq.read_table(SAMPLE_DIR / "raw_span_events.parquet"))
+    store.close()
+    return path
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_page_on_sample_data(monkeypatch: pytest.MonkeyPatch, sample_db: Path, page: str) -> None:
+    at = open_page(monkeypatch, sample_db, page)
+    if page == "overview":
+        assert metric(at, "Requests") == f"{sql(sample_db, 'select count(*) from requests'):,}"
+    if page == "slow":
+        slow = sql(sample_db, f"select count(*) from requests where {SLOW.format(t=2000, p=100)}")
+        assert slow > 0 and metric(at, "Slow requests") == f"{slow:,}"
