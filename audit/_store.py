@@ -47,7 +47,8 @@ class Store:
     and also refreshes in the background). :meth:`close` refreshes what is pending.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, refresh_interval_s: float = 0.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, refresh_interval_s: float = 0.0,
+                 memory_limit: str | None = None) -> None:
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"folder {self.path.parent} does not exist")
@@ -65,6 +66,13 @@ class Store:
         self._last_refresh = 0.0
         self.last_refresh_s = 0.0
         _tune(self._con)
+        if memory_limit is not None:
+            # DuckDB's own default is 80 % of the machine; a collector sharing a host needs less.
+            try:
+                self._con.execute("set memory_limit = ?", [memory_limit])
+            except duckdb.Error as exc:
+                self._con.close()
+                raise StoreError(f"bad memory limit {memory_limit!r}: {_one_line(exc)}") from exc
         for table in RAW_TABLES:
             self._con.execute(raw_ddl(table))
         self._con.execute(

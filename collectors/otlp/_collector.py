@@ -136,7 +136,8 @@ class Collector:
                     raise StartError(f"{cfg.db_path} is already owned by a collector in this process")
                 _OPEN_STORES.add(key)
             self._store_key = key
-            store = Store(cfg.db_path, refresh_interval_s=cfg.refresh_interval_s)
+            store = Store(cfg.db_path, refresh_interval_s=cfg.refresh_interval_s,
+                          memory_limit=cfg.store_memory_limit)
         except BaseException as exc:
             sock.close()
             if isinstance(exc, StoreError):

@@ -55,6 +55,8 @@ DEFAULT_KEEP_PROMPTS: Final = False
 """Privacy default: attribute values of known prompt/completion keys (``gen_ai.prompt*``,
 ``gen_ai.input.messages``, ``llm.input_messages*``, ``input.value``, ...) are dropped by the
 decoder (and counted) unless the collector is started with ``keep_prompts=True``."""
+DEFAULT_STORE_MEMORY_LIMIT: Final = "1GB"
+"""DuckDB's memory limit in the collector (its own default is 80 % of the machine's memory)."""
 DEFAULT_MAX_QUERY_BYTES: Final = 1024 * 1024
 """Largest ``POST /routeaudit/query`` body."""
 
@@ -88,6 +90,8 @@ class CollectorConfig:
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
     refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
     """Seconds between rebuilds of the relations while new rows arrive."""
+    store_memory_limit: str = DEFAULT_STORE_MEMORY_LIMIT
+    """DuckDB memory limit of the store, e.g. ``"1GB"``; spills to disk beyond it."""
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     """Seconds an OTLP/HTTP body may take to arrive (after the headers); slower → 408."""
     keep_prompts: bool = DEFAULT_KEEP_PROMPTS
