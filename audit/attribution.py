@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import polars as pl
 

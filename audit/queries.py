@@ -24,8 +24,9 @@ Contracts:
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, Mapping, Protocol, Sequence
+from typing import Any, Final, Protocol
 
 import polars as pl
 

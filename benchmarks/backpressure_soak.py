@@ -10,15 +10,15 @@
     python3 benchmarks/backpressure_soak.py --seconds 20    # quicker
 
 Rate: each sender exports batches of ``--batch`` spans back to back (no pacing), so offered load
-is whatever the SDK can produce; ``--queue-max-spans`` is kept small so the queue fills and 429s
-happen. The summary prints offered vs committed spans/s so the overload ratio is visible.
+is whatever the SDK can produce; the collector commits at most ``--max-group-spans`` spans per
+``--commit-delay-ms`` (a deliberately slow store, about 2,000 spans/s by default), and
+``--queue-max-spans`` is small, so the queue fills and 429s happen. The summary prints offered vs committed spans/s so the overload ratio is visible.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import socket
 import subprocess
 import sys
@@ -77,6 +77,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--queue-max-spans", type=int, default=4096)
     ap.add_argument("--rss-limit-mib", type=float, default=1024.0)
+    ap.add_argument("--max-group-spans", type=int, default=1024,
+                    help="spans per commit at most: with --commit-delay-ms this sets the "
+                         "collector's sustainable rate")
+    ap.add_argument("--commit-delay-ms", type=float, default=500.0,
+                    help="sleep before each commit (a slow store), so the senders' offer is "
+                         "well above what the collector can commit (0: full speed)")
     args = ap.parse_args()
     import duckdb
     import httpx
@@ -85,7 +91,9 @@ def main() -> None:
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "collectors.otlp", "--db", str(tmp / "a.duckdb"),
                              "--http-port", str(port), "--grpc-port", "-1",
-                             "--queue-max-spans", str(args.queue_max_spans)],
+                             "--queue-max-spans", str(args.queue_max_spans),
+                             "--max-group-spans", str(args.max_group_spans),
+                             "--commit-delay-ms", str(args.commit_delay_ms)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):
         try:

@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import uvicorn
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import NoOpTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import NoOpTracerProvider
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse

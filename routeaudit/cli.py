@@ -10,8 +10,8 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 EXIT_USER_ERROR = 2
 ROOT = Path(__file__).resolve().parent.parent

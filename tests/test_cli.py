@@ -74,9 +74,10 @@ def test_collect_refuses_a_public_address_without_a_token(tmp_path: Path) -> Non
 
 
 def test_compare_and_capacity_on_the_sample_data(tmp_path: Path) -> None:
-    from routeaudit._demo import SAMPLE_DIR
-    from audit._store import Store
     import pyarrow.parquet as pq
+
+    from audit._store import Store
+    from routeaudit._demo import SAMPLE_DIR
 
     db = tmp_path / "sample.duckdb"
     store = Store(db)

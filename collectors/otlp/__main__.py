@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from collectors.otlp._collector import run_collector
 from collectors.otlp._errors import CollectorError
@@ -26,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scrape", action="append", default=[], metavar="URL")
     p.add_argument("--scrape-interval", type=float, default=None, metavar="S")
     p.add_argument("--queue-max-spans", type=int, default=None)
+    p.add_argument("--max-group-spans", type=int, default=None)
+    p.add_argument("--commit-delay-ms", type=float, default=0.0,
+                   help="testing only: sleep before every commit, to make a slow store and "
+                        "exercise backpressure (benchmarks/backpressure_soak.py)")
     p.add_argument("--keep-prompts", action="store_true",
                    help="store prompt/completion attribute values (default: dropped and counted)")
     a = p.parse_args(argv)
@@ -41,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         overrides["keep_prompts"] = True
     if a.queue_max_spans is not None:
         overrides["queue_max_spans"] = a.queue_max_spans
+    if a.max_group_spans is not None:
+        overrides["max_group_spans"] = a.max_group_spans
+    delay_s = a.commit_delay_ms / 1000.0
     try:
-        return run_collector(default_config(**overrides))
+        return run_collector(default_config(**overrides),
+                             before_commit=(lambda: time.sleep(delay_s)) if delay_s > 0 else None)
     except CollectorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

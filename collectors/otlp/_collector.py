@@ -298,7 +298,8 @@ class Collector:
             pass
 
 
-def run_collector(config: CollectorConfig) -> int:
+def run_collector(config: CollectorConfig, *,
+                  before_commit: Callable[[], None] | None = None) -> int:
     """Start a collector and block until SIGINT or SIGTERM; stop cleanly; return 0.
 
     Raises ConfigError / StartError (one line each) when it cannot start. Signal handlers are
@@ -314,7 +315,7 @@ def run_collector(config: CollectorConfig) -> int:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
-    collector = Collector(config)
+    collector = Collector(config, before_commit=before_commit)
     try:
         collector.start()
         while not stop.wait(0.5):

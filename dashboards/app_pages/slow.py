@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import altair as alt
 import streamlit as st
@@ -48,9 +48,9 @@ start: datetime | None = None
 end: datetime | None = None
 first, last = opts["first_at"], opts["last_at"]
 if (last - first) >= timedelta(seconds=2):
-    window = st.slider("Time window (UTC)", min_value=first.astimezone(timezone.utc),
-                       max_value=last.astimezone(timezone.utc),
-                       value=(first.astimezone(timezone.utc), last.astimezone(timezone.utc)),
+    window = st.slider("Time window (UTC)", min_value=first.astimezone(UTC),
+                       max_value=last.astimezone(UTC),
+                       value=(first.astimezone(UTC), last.astimezone(UTC)),
                        step=timedelta(seconds=1), format="YYYY-MM-DD HH:mm:ss",
                        key="slow_window")
     if window != (first, last):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pytest
 import polars as pl
+import pytest
 from relation_rows import RawRows, all_marts, scenario_rows, scenario_snapshots, store_from_pb
 
 from audit._store import Store

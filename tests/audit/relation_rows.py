@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
-import pytest
 
 from audit import semconv
 from audit._store import Store

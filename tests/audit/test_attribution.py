@@ -7,7 +7,7 @@ tables from their DDL, and installs only the attribution layer on top. Every rep
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import pytest
 from audit import _relations
 
 ROOT = Path(__file__).resolve().parents[2]
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 MART_COLUMNS: dict[str, list[tuple[str, str]]] = {
     "requests": [

@@ -12,7 +12,7 @@ import audit
 from audit._errors import QueryError, ReadOnlyError, StoreError
 from audit._readonly import check_read_only
 from audit._store import Store
-from audit.schema import RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA
+from audit.schema import RAW_SPANS_SCHEMA
 from collectors.otlp._decode import decode, parse_protobuf
 
 

@@ -9,9 +9,6 @@ from typing import Any
 import httpx
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 import collectors.client as client_pkg
@@ -22,15 +19,6 @@ from collectors.client import (
     record_client_request,
 )
 from collectors.client._result import summarize
-
-
-@pytest.fixture
-def otel() -> Any:
-    exporter = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exporter))
-    yield tp, exporter
-    tp.shutdown()
 
 
 def sse(*chunks: dict[str, Any]) -> bytes:

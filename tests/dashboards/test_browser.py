@@ -11,12 +11,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
-
 from _stores import mart_store
 
 ROOT = Path(__file__).resolve().parents[2]

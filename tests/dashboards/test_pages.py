@@ -6,17 +6,17 @@ Numbers the pages show are checked against SQL written here, independently of
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import duckdb
 import pytest
+from _stores import empty_store, mart_store, raw_store
 from streamlit.testing.v1 import AppTest
 
 import audit
 from dashboards import _ui
-
-from _stores import empty_store, mart_store, raw_store
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboards" / "app.py")
 PAGES = {

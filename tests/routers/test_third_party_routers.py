@@ -208,7 +208,11 @@ def test_vllm_router_requests_link_and_lost_spans_are_flagged(stack: Stack, poli
             assert row["chosen_replica"] is None and row["attempts"] == 0, rid
             assert row["router_ms"] is None, rid
             assert row["link_method"] in ("trace", "request_id", "none"), rid
-    assert len(missing) == len(ids) - routed
+    # Spans still in the router's exporter when it stopped may arrive after the wait above:
+    # a request can gain its router side, never lose it.
+    routed_now = sum(1 for row in rows.values() if row["has_router"])
+    assert routed_now >= routed
+    assert len(missing) == len(ids) - routed_now
     _check_decisions(stack, rows, "vllm_router")
     _check_reconstructed(stack, rows)
 

@@ -154,7 +154,9 @@ def test_live_clock_offset_is_estimated_by_the_audit(store_path: Path) -> None:
             "where l.name = 'llm_request' group by all").rows(named=True)
         for row in shifts:
             base = 3_000_000_000 if row["replica"] == skewed else 0
-            assert base <= row["lo"] and row["hi"] <= base, row  # nested once shifted back
+            # nested once shifted back; the replica may end its span a moment after the router
+            # ended its forward span (the last bytes are relayed after it): 50 ms of slack
+            assert base <= row["lo"] and row["hi"] <= base + 50_000_000, row
         # the relations follow the raw tables within a refresh interval (plus one refresh)
         assert _wait_for(reader, f"select count(*) from requests where run_id = '{fleet.run_id}'",
                          12, timeout_s=30) == 12

@@ -7,8 +7,15 @@ import pytest
 
 from testbed import WorkloadError
 from testbed.workloads import (
-    WORKLOADS, bursts, hot_prefix, load_aibrix, load_azure, load_mooncake, make_workload,
-    short_long_mix, uniform_short,
+    WORKLOADS,
+    bursts,
+    hot_prefix,
+    load_aibrix,
+    load_azure,
+    load_mooncake,
+    make_workload,
+    short_long_mix,
+    uniform_short,
 )
 
 
