@@ -8,11 +8,13 @@ Precedence, as everywhere in routeaudit: explicit argument, then the ``[slo]`` t
 
 from __future__ import annotations
 
+import inspect
 import os
 import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from audit._errors import AuditError
 
@@ -36,6 +38,25 @@ class SLO:
     def variables(self) -> dict[str, float]:
         """The DuckDB session variables the relations read."""
         return {"routeaudit_ttft_slo_ms": float(self.ttft_ms), "routeaudit_tpot_slo_ms": float(self.tpot_ms)}
+
+
+def as_slo(value: object = None) -> SLO:
+    """An :class:`SLO` from None (the defaults), an SLO, a mapping with ``ttft_ms``/``tpot_ms``
+    (missing or None keys keep their default), or a ``(ttft_ms, tpot_ms)`` pair."""
+    if value is None:
+        return SLO()
+    if isinstance(value, SLO):
+        return value
+    if isinstance(value, Mapping):
+        return SLO(
+            ttft_ms=_positive(value.get("ttft_ms") or DEFAULT_TTFT_SLO_MS, "ttft_ms"),
+            tpot_ms=_positive(value.get("tpot_ms") or DEFAULT_TPOT_SLO_MS, "tpot_ms"),
+        )
+    if hasattr(value, "ttft_ms") and hasattr(value, "tpot_ms"):
+        return SLO(ttft_ms=_positive(value.ttft_ms, "ttft_ms"),
+                   tpot_ms=_positive(value.tpot_ms, "tpot_ms"))
+    ttft, tpot = value  # type: ignore[misc]
+    return SLO(ttft_ms=_positive(ttft, "ttft_ms"), tpot_ms=_positive(tpot, "tpot_ms"))
 
 
 def load_slo(config: str | os.PathLike[str] | None = None, *, ttft_ms: float | None = None,
@@ -78,3 +99,12 @@ def _positive(value: object, what: str) -> float:
     if not f > 0:
         raise AuditError(f"{what} must be positive, got {value!r}")
     return f
+
+
+def query_with_slo(reader: Any, sql: str, params: Sequence[Any] | None, slo: object) -> Any:
+    """``reader.query(sql, params)``, passing the SLO to readers that accept one
+    (``audit.Reader`` sets it as the session variables the attribution relations read);
+    a reader without that parameter judges by the defaults."""
+    if slo is not None and "slo" in inspect.signature(reader.query).parameters:
+        return reader.query(sql, params, slo=as_slo(slo))
+    return reader.query(sql, params)

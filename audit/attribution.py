@@ -7,18 +7,17 @@ combines a handful of numbers (no per-row loops). Formulas: ``docs/attribution.m
 
 from __future__ import annotations
 
-import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import polars as pl
 
+from audit._slo import as_slo, query_with_slo
+
 __all__ = ["RunComparison", "Capacity", "compare_runs", "capacity", "summary_text"]
 
-DEFAULT_TTFT_SLO_MS = 2000.0
-DEFAULT_TPOT_SLO_MS = 100.0
 
 
 class Reads(Protocol):
@@ -26,31 +25,13 @@ class Reads(Protocol):
 
 
 def _slo_values(slo: Any) -> tuple[float, float]:
-    """(ttft_ms, tpot_ms) from None, a mapping, an object with those attributes or a pair."""
-    if slo is None:
-        return DEFAULT_TTFT_SLO_MS, DEFAULT_TPOT_SLO_MS
-    if isinstance(slo, Mapping):
-        return (float(slo.get("ttft_ms", DEFAULT_TTFT_SLO_MS)),
-                float(slo.get("tpot_ms", DEFAULT_TPOT_SLO_MS)))
-    if hasattr(slo, "ttft_ms"):
-        return float(slo.ttft_ms), float(getattr(slo, "tpot_ms", DEFAULT_TPOT_SLO_MS))
-    ttft, tpot = slo
-    return float(ttft), float(tpot)
+    """(ttft_ms, tpot_ms) of anything :func:`audit._slo.as_slo` accepts."""
+    resolved = as_slo(slo)
+    return resolved.ttft_ms, resolved.tpot_ms
 
 
 def _query(reader: Reads, sql: str, params: Sequence[Any] | None, slo: Any) -> pl.DataFrame:
-    """``reader.query``, handing the SLO to readers that accept one (they set the session
-    variables ``slo_targets`` reads); other readers judge by the defaults."""
-    if slo is not None and "slo" in inspect.signature(reader.query).parameters:
-        ttft, tpot = _slo_values(slo)
-        try:
-            from audit._slo import SLO  # type: ignore[import-not-found]
-            value: Any = SLO(ttft_ms=ttft, tpot_ms=tpot)
-        except ImportError:
-            value = {"ttft_ms": ttft, "tpot_ms": tpot}
-        return reader.query(sql, params, slo=value)  # type: ignore[call-arg]
-    return reader.query(sql, params)
-
+    return query_with_slo(reader, sql, params, slo)  # type: ignore[no-any-return]
 
 # --------------------------------------------------------------------------------------------
 # compare_runs

@@ -23,12 +23,13 @@ Contracts:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, Protocol
 
 import polars as pl
+
+from audit._slo import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, as_slo, query_with_slo
 
 __all__ = [
     "DEFAULT_SLO",
@@ -69,7 +70,8 @@ class Reads(Protocol):
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pl.DataFrame: ...
 
 
-DEFAULT_SLO: Final[Mapping[str, float]] = {"ttft_ms": 2000.0, "tpot_ms": 100.0}
+DEFAULT_SLO: Final[Mapping[str, float]] = {"ttft_ms": DEFAULT_TTFT_SLO_MS,
+                                            "tpot_ms": DEFAULT_TPOT_SLO_MS}
 """Default SLO targets (ms) when the caller gives none."""
 
 TABLE_LIMIT: Final = 500
@@ -86,27 +88,16 @@ _OVER_SLO_MS: Final = (
 _REPLICA: Final = "coalesce(served_by, chosen_replica)"
 
 
-def _slo(slo: Mapping[str, float] | None) -> tuple[float, float]:
-    s = dict(DEFAULT_SLO)
-    if slo:
-        s.update({k: float(v) for k, v in slo.items() if v is not None})
-    return float(s["ttft_ms"]), float(s["tpot_ms"])
+def _slo(slo: object) -> tuple[float, float]:
+    resolved = as_slo(slo)
+    return resolved.ttft_ms, resolved.tpot_ms
 
 
 def _query(reader: Reads, sql: str, params: Sequence[Any] | None = None,
            slo: Mapping[str, float] | None = None) -> pl.DataFrame:
-    """``reader.query``, handing the SLO to readers that accept one (``audit.Reader`` sets it as
-    the session variables the attribution relations judge by), so that the causes shown follow
-    the same targets as the slow/good split computed here."""
-    if slo is not None and "slo" in inspect.signature(reader.query).parameters:
-        try:
-            from audit._slo import SLO
-        except ImportError:  # pragma: no cover - older audit without SLO support
-            return reader.query(sql, params)
-        ttft, tpot = _slo(slo)
-        return reader.query(sql, params, slo=SLO(ttft_ms=ttft, tpot_ms=tpot))  # type: ignore[call-arg]
-    return reader.query(sql, params)
-
+    """Every query of the dashboard goes through here with the sidebar's SLO, so the causes
+    shown follow the same targets as the slow/good split computed here."""
+    return query_with_slo(reader, sql, params, slo)  # type: ignore[no-any-return]
 
 # --------------------------------------------------------------------------------------------
 # What exists

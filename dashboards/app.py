@@ -11,6 +11,7 @@ import os
 
 import streamlit as st
 
+from audit._slo import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
 from dashboards import _ui
 
 st.set_page_config(page_title="routeaudit", layout="wide")
@@ -42,9 +43,9 @@ page = st.navigation(pages)
 with st.sidebar:
     st.caption(f"Store: `{_ui.store_path()}`")
     st.subheader("SLO targets")
-    st.number_input("TTFT target (ms)", min_value=1.0, value=2000.0, step=100.0,
+    st.number_input("TTFT target (ms)", min_value=1.0, value=DEFAULT_TTFT_SLO_MS, step=100.0,
                     key="slo_ttft_ms")
-    st.number_input("TPOT target (ms)", min_value=1.0, value=100.0, step=10.0,
+    st.number_input("TPOT target (ms)", min_value=1.0, value=DEFAULT_TPOT_SLO_MS, step=10.0,
                     key="slo_tpot_ms")
 
 page.run()

@@ -167,3 +167,17 @@ def test_a_store_from_another_sql_version_is_rebuilt_on_first_read(store_path: P
     from audit._relations import relations_version
 
     assert version == [(relations_version(),)]
+
+
+def test_every_slo_form_means_the_same_targets(store_path: Path) -> None:
+    from audit import queries
+    from audit._slo import as_slo
+
+    assert as_slo(None) == audit.SLO()
+    assert as_slo({"ttft_ms": 500, "tpot_ms": None}) == audit.SLO(ttft_ms=500)
+    assert as_slo((500, 20)) == as_slo(audit.SLO(500, 20)) == audit.SLO(500, 20)
+    Store(store_path).close()
+    reader = audit.open(store_path)
+    # the dashboard's queries accept the SLO object as well as the sidebar's mapping
+    assert queries.slow_requests(reader, audit.SLO(ttft_ms=500)).height == 0
+    assert queries.slow_requests(reader, {"ttft_ms": 500.0, "tpot_ms": 20.0}).height == 0
