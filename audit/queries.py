@@ -88,6 +88,19 @@ _OVER_SLO_MS: Final = (
 _REPLICA: Final = "coalesce(served_by, chosen_replica)"
 
 
+def _width(column: str) -> str:
+    """CTE ``width``: start ``t0`` and bucket length ``bucket_s`` (s) that split the ``base``
+    rows' ``column`` window into as many buckets as the one bound parameter says."""
+    return (f"width as (select min({column}) as t0, greatest(1, ceil((epoch(max({column}))"
+            f" - epoch(min({column}))) / ?)) as bucket_s from base)")
+
+
+def _bucket(column: str) -> str:
+    """Start of the time bucket ``column`` falls in (needs the ``width`` CTE)."""
+    return (f"to_timestamp(epoch(width.t0) + floor((epoch({column}) - epoch(width.t0))"
+            f" / width.bucket_s) * width.bucket_s)")
+
+
 def _slo(slo: object) -> tuple[float, float]:
     resolved = as_slo(slo)
     return resolved.ttft_ms, resolved.tpot_ms
@@ -187,18 +200,10 @@ def requests_over_time(reader: Reads, slo: Mapping[str, float] | None = None,
     return reader.query(
         f"""
         with base as (select * from requests where client_start is not null),
-        width as (
-            select
-                min(client_start) as t0,
-                greatest(1, ceil((epoch(max(client_start)) - epoch(min(client_start))) / ?))
-                    as bucket_s
-            from base
-        ),
+        {_width('client_start')},
         bucketed as (
             select
-                to_timestamp(epoch(width.t0)
-                    + floor((epoch(base.client_start) - epoch(width.t0)) / width.bucket_s)
-                    * width.bucket_s) as bucket,
+                {_bucket('base.client_start')} as bucket,
                 width.bucket_s,
                 base.*
             from base cross join width
@@ -232,7 +237,7 @@ def replica_load_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
     showed for that replica in decisions taken during the bucket.
     """
     return reader.query(
-        """
+        f"""
         with execs as (
             select replica, start_at, coalesce(end_at, start_at) as end_at
             from executions
@@ -277,9 +282,7 @@ def replica_load_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
         ),
         seen_load as (
             select
-                to_timestamp(epoch(width.t0)
-                    + floor((epoch(seen.decided_at) - epoch(width.t0)) / width.bucket_s)
-                    * width.bucket_s) as bucket,
+                {_bucket('seen.decided_at')} as bucket,
                 seen.replica,
                 'seen by routers (candidates)' as source,
                 avg(seen.load)::double as load
@@ -656,17 +659,10 @@ def cache_misses_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
     were cached but the replica did not find (evicted, or never there). Columns: bucket,
     bucket_s, replica, missing_tokens, over_predicted (requests)."""
     return reader.query(
-        _CACHE_BASE + """,
-        width as (
-            select min(client_start) as t0,
-                greatest(1, ceil((epoch(max(client_start)) - epoch(min(client_start))) / ?))
-                    as bucket_s
-            from base
-        )
+        _CACHE_BASE + f""",
+        {_width('client_start')}
         select
-            to_timestamp(epoch(width.t0)
-                + floor((epoch(base.client_start) - epoch(width.t0)) / width.bucket_s)
-                * width.bucket_s) as bucket,
+            {_bucket('base.client_start')} as bucket,
             any_value(width.bucket_s) as bucket_s,
             base.replica,
             sum(greatest(base.predicted - base.actual, 0))::bigint as missing_tokens,
@@ -683,18 +679,11 @@ def cache_hit_rate_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
     """Engine-reported prefix-cache hit rate and KV usage per replica over time (from
     ``snapshots``). Columns: bucket, replica, prefix_cache_hit_rate, kv_usage (0..1)."""
     return reader.query(
-        """
+        f"""
         with base as (select * from snapshots where ok and scraped_at is not null),
-        width as (
-            select min(scraped_at) as t0,
-                greatest(1, ceil((epoch(max(scraped_at)) - epoch(min(scraped_at))) / ?))
-                    as bucket_s
-            from base
-        )
+        {_width('scraped_at')}
         select
-            to_timestamp(epoch(width.t0)
-                + floor((epoch(base.scraped_at) - epoch(width.t0)) / width.bucket_s)
-                * width.bucket_s) as bucket,
+            {_bucket('base.scraped_at')} as bucket,
             base.replica,
             avg(coalesce(base.prefix_cache_hit_rate, base.cache_hit_rate))
                 as prefix_cache_hit_rate,
@@ -738,17 +727,10 @@ def telemetry_age_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
     """Telemetry age per router per time bucket. Columns: bucket, router_id, age_p50, age_p99
     (ms)."""
     return reader.query(
-        _TELEMETRY_BASE + """,
-        width as (
-            select min(decided_at) as t0,
-                greatest(1, ceil((epoch(max(decided_at)) - epoch(min(decided_at))) / ?))
-                    as bucket_s
-            from base
-        )
+        _TELEMETRY_BASE + f""",
+        {_width('decided_at')}
         select
-            to_timestamp(epoch(width.t0)
-                + floor((epoch(base.decided_at) - epoch(width.t0)) / width.bucket_s)
-                * width.bucket_s) as bucket,
+            {_bucket('base.decided_at')} as bucket,
             base.router_id,
             quantile_cont(base.telemetry_age_ms::double, 0.5) as age_p50,
             quantile_cont(base.telemetry_age_ms::double, 0.99) as age_p99
