@@ -18,11 +18,11 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from audit import _relations
+from audit import _relations, semconv
 from audit._errors import AuditError, CollectorUnavailable, QueryError, StoreError
 from audit._readonly import check_read_only
 from audit._slo import SLO, load_slo
-from audit.schema import RAW_TABLES, raw_ddl
+from audit.schema import RAW_SNAPSHOTS_SCHEMA, RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA, RAW_TABLES, raw_ddl
 
 SIDECAR_SUFFIX = ".collector.json"
 """A running collector announces itself in ``<store>.collector.json`` (query URL, token)."""
@@ -76,6 +76,7 @@ class Store:
                 raise StoreError(f"bad memory limit {memory_limit!r}: {_one_line(exc)}") from exc
         for table in RAW_TABLES:
             self._con.execute(raw_ddl(table))
+        _add_missing_raw_columns(self._con)
         self._con.execute(
             "create table if not exists routeaudit_meta (key varchar primary key, value varchar)"
         )
@@ -194,6 +195,47 @@ class Store:
                 self._con.execute("checkpoint")
             finally:
                 self._con.close()
+
+
+def _add_missing_raw_columns(con: duckdb.DuckDBPyConnection) -> None:
+    """Bring a store written by an older version up to the raw DDL: add the typed columns it
+    lacks and fill them from the verbatim attribute JSON, so old rows read like new ones."""
+    sources = {
+        "raw_spans": [("attributes", semconv.TYPED_SPAN_ATTRIBUTES),
+                      ("resource_attributes", semconv.TYPED_RESOURCE_ATTRIBUTES)],
+        "raw_span_events": [("attributes", semconv.TYPED_EVENT_ATTRIBUTES)],
+    }
+    schemas = {"raw_spans": RAW_SPANS_SCHEMA, "raw_span_events": RAW_SPAN_EVENTS_SCHEMA,
+               "raw_snapshots": RAW_SNAPSHOTS_SCHEMA}
+    for table in RAW_TABLES:
+        have = {row[0] for row in con.execute(
+            "select column_name from information_schema.columns "
+            "where table_schema = 'main' and table_name = ?", [table]).fetchall()}
+        con.register("_ra_ddl", schemas[table].empty_table())
+        try:
+            wanted = con.execute("describe select * from _ra_ddl").fetchall()
+        finally:
+            con.unregister("_ra_ddl")
+        missing = {name: typ for name, typ, *_ in wanted if name not in have}
+        if not missing:
+            continue
+        fills, params = [], []
+        for json_col, registry in sources.get(table, []):
+            for key, (col, typ) in registry.items():
+                if col in missing:
+                    extract = "json_extract" if typ.endswith("[]") else "json_extract_string"
+                    fills.append(f'"{col}" = try_cast({extract}({json_col}, ?) as {typ})')
+                    params.append('$."' + key.replace('"', '\\"') + '"')
+        con.execute("begin transaction")
+        try:
+            for name, typ in missing.items():
+                con.execute(f'alter table {table} add column "{name}" {typ}')
+            if fills:
+                con.execute(f"update {table} set {', '.join(fills)}", params)
+            con.execute("commit")
+        except BaseException:
+            con.execute("rollback")
+            raise
 
 
 def _tune(con: duckdb.DuckDBPyConnection) -> None:

@@ -121,6 +121,36 @@ DECISION_TIME: Final = "routeaudit.decision.time_ns"
 DECISION_RECORDER_ERRORS: Final = "routeaudit.decision.recorder_errors"
 """Count of recorder errors swallowed while recording this decision (the router went on)."""
 
+DECISION_CANDIDATES: Final = "routeaudit.decision.candidates"
+"""The candidates of this decision in one string attribute (the compact encoding, the
+recorder's default; the alternative is one :data:`EVENT_CANDIDATE` event per candidate): a JSON
+array with one object per candidate, in the order they were considered. Object keys are the
+candidate attribute names without the ``routeaudit.candidate.`` prefix (see
+:data:`CANDIDATE_JSON_KEYS`) plus ``dp_rank``; keys whose value is unknown are omitted; numbers are
+JSON numbers, booleans JSON booleans (a non-finite number is ``null``). The candidates' time is
+the decision time (:data:`DECISION_TIME`)."""
+
+CANDIDATE_JSON_KEYS: Final[dict[str, str]] = {
+    "routeaudit.candidate.replica": "replica",
+    "routeaudit.candidate.eligible": "eligible",
+    "routeaudit.candidate.excluded_reason": "excluded_reason",
+    "routeaudit.candidate.chosen": "chosen",
+    "routeaudit.candidate.waiting": "waiting",
+    "routeaudit.candidate.running": "running",
+    "routeaudit.candidate.kv_usage": "kv_usage",
+    "routeaudit.candidate.remaining_tokens": "remaining_tokens",
+    "routeaudit.candidate.telemetry_ts_ns": "telemetry_ts_ns",
+    "routeaudit.candidate.telemetry_age_ms": "telemetry_age_ms",
+    "routeaudit.candidate.pending": "pending",
+    "routeaudit.candidate.predicted_cached_tokens": "predicted_cached_tokens",
+    "routeaudit.candidate.est_queue_ms": "est_queue_ms",
+    "routeaudit.candidate.est_prefill_ms": "est_prefill_ms",
+    "routeaudit.candidate.score": "score",
+    "routeaudit.replica.dp_rank": "dp_rank",
+}
+"""Candidate attribute key (of a :data:`EVENT_CANDIDATE` event) -> key of the same fact in the
+objects of :data:`DECISION_CANDIDATES`."""
+
 # --------------------------------------------------------------------------------------------
 # Candidate (attributes of EVENT_CANDIDATE)
 # --------------------------------------------------------------------------------------------
@@ -310,6 +340,26 @@ PRODSTACK_ROUTING_LOGIC: Final = "vllm.routing_logic"
 SGLANG_RID: Final = "rid"
 """SGLang request spans: the request id."""
 
+SMG_METHOD: Final = "method"
+"""SMG server spans: the HTTP method."""
+
+SMG_WORKER_URL: Final = "worker_url"
+"""SMG events: the worker a request was sent to (older releases; newer ones send ``url``)."""
+
+SMG_WORKER: Final = "worker"
+"""SMG events: the worker a request was sent to (some releases)."""
+
+CODE_NAMESPACE: Final = "code.namespace"
+"""Rust tracing spans (SMG, vllm-router): the module that emitted them; tells the dialect."""
+
+# Older OTel HTTP conventions, still emitted by some routers and engines.
+HTTP_METHOD_LEGACY: Final = "http.method"
+HTTP_TARGET_LEGACY: Final = "http.target"
+HTTP_STATUS_LEGACY: Final = "http.status_code"
+
+RESPONSE_MODEL: Final = "gen_ai.response.model"
+"""GenAI: the model that answered (when the request named none)."""
+
 # --------------------------------------------------------------------------------------------
 # Resource attributes
 # --------------------------------------------------------------------------------------------
@@ -384,6 +434,14 @@ TYPED_SPAN_ATTRIBUTES: Final[dict[str, tuple[str, ColumnType]]] = {
     PRODSTACK_BACKEND_URL: ("a_backend_url", "VARCHAR"),
     PRODSTACK_ROUTING_LOGIC: ("a_routing_logic", "VARCHAR"),
     SGLANG_RID: ("a_rid", "VARCHAR"),
+    # read by staging; typed so that normalisation never parses the attributes JSON
+    RESPONSE_MODEL: ("a_response_model", "VARCHAR"),
+    SMG_METHOD: ("a_method", "VARCHAR"),
+    HTTP_METHOD_LEGACY: ("a_http_method_legacy", "VARCHAR"),
+    HTTP_TARGET_LEGACY: ("a_http_target", "VARCHAR"),
+    HTTP_STATUS_LEGACY: ("a_http_status_legacy", "BIGINT"),
+    CODE_NAMESPACE: ("a_code_namespace", "VARCHAR"),
+    DECISION_CANDIDATES: ("a_decision_candidates", "VARCHAR"),
 }
 """Span attributes that get a typed column in ``raw_spans``."""
 
@@ -414,6 +472,9 @@ TYPED_EVENT_ATTRIBUTES: Final[dict[str, tuple[str, ColumnType]]] = {
     CANDIDATE_EST_PREFILL_MS: ("c_est_prefill_ms", "DOUBLE"),
     CANDIDATE_SCORE: ("c_score", "DOUBLE"),
     SMG_EVENT_URL: ("e_url", "VARCHAR"),
+    SMG_WORKER_URL: ("e_worker_url", "VARCHAR"),
+    SMG_WORKER: ("e_worker", "VARCHAR"),
+    REPLICA_DP_RANK: ("c_dp_rank", "BIGINT"),
 }
 """Span-event attributes that get a typed column in ``raw_span_events``."""
 

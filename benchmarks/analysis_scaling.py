@@ -16,6 +16,14 @@ the loop in ``audit._relations.refresh``, same SQL, same order), followed by a f
 
 Emission through the SDK costs a few ms of wall time per request (it dominates the run time for
 large sizes); ``--reuse`` skips generation when ``<keep>/requests_<n>.duckdb`` already exists.
+
+``--tile-from B`` builds sizes above B by tiling: one testbed run of B requests is generated as
+above, then copied into the raw tables until the size is reached, each copy shifted in time past
+the previous one (run length + 1 h, so no copy can see another's executions, telemetry or cached
+blocks) with its own trace ids, request ids and run ids. Every copy is analysed like distinct
+traffic; what tiling does not give is new workload shapes (documented in docs/performance.md).
+
+    python3 benchmarks/analysis_scaling.py --tile-from 25000 --sizes 25000 100000 1000000
 """
 
 from __future__ import annotations
@@ -106,6 +114,47 @@ def generate(path: Path, n: int, batch: int) -> dict[str, float]:
             "append_s": exporter.append_s}
 
 
+_ID_COLUMNS = ("a_request_id", "a_gen_ai_request_id", "a_router_request_id", "a_rid")
+_RUN_COLUMNS = ("a_run_id", "r_run_id")
+_SPAN_NS = ("start_ns", "end_ns", "received_ns", "a_decision_time_ns")
+_EVENT_NS = ("time_ns", "c_telemetry_ts_ns")
+
+
+def tile(base: Path, path: Path, n: int) -> dict[str, float]:
+    """Copy ``base`` to ``path`` and append shifted copies of its raw rows until ``n`` requests."""
+    import shutil
+
+    import duckdb
+
+    t0 = time.perf_counter()
+    shutil.copyfile(base, path)
+    con = duckdb.connect(os.fspath(path))
+    base_n = con.sql("select count(distinct a_request_id) from raw_spans").fetchall()[0][0]
+    lo, hi = con.sql("select min(start_ns), max(end_ns) from raw_spans").fetchall()[0]
+    shift = hi - lo + 3600 * 10**9
+    copies = -(-n // base_n)
+    con.execute("create temp table base_spans as select * from raw_spans")
+    con.execute("create temp table base_events as select * from raw_span_events")
+    for k in range(1, copies):
+        tag = f"-t{k}"
+        trace = f"md5(trace_id || '{tag}')"
+        span_repl = [f"{trace} as trace_id"]
+        span_repl += [f"{c} + {k * shift} as {c}" for c in _SPAN_NS]
+        span_repl += [f"{c} || '{tag}' as {c}" for c in _RUN_COLUMNS]
+        # request ids are '<run_id>:<n>': keep the run prefix consistent with the run columns
+        span_repl += [f"replace({c}, coalesce(r_run_id, a_run_id) || ':', "
+                      f"coalesce(r_run_id, a_run_id) || '{tag}:') as {c}" for c in _ID_COLUMNS]
+        con.execute(f"insert into raw_spans by name select * replace ({', '.join(span_repl)}) "
+                    "from base_spans")
+        ev_repl = [f"{trace} as trace_id"] + [f"{c} + {k * shift} as {c}" for c in _EVENT_NS]
+        con.execute(f"insert into raw_span_events by name select * replace ({', '.join(ev_repl)}) "
+                    "from base_events")
+        print(f"  tiled copy {k}/{copies - 1}", end="\r", file=sys.stderr, flush=True)
+    con.execute("checkpoint")
+    con.close()
+    return {"tile_s": time.perf_counter() - t0, "copies": copies, "base_requests": base_n}
+
+
 def timed_refresh(path: Path) -> tuple[float, list[tuple[str, str, float]]]:
     """Per-relation timing: a copy of ``audit._relations.refresh`` (same SQL, same order)."""
     import duckdb
@@ -181,6 +230,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4096, help="spans per Store.append")
     ap.add_argument("--keep", default=None, help="folder for the stores (default: a temp folder)")
     ap.add_argument("--reuse", action="store_true", help="reuse stores already in --keep")
+    ap.add_argument("--tile-from", type=int, default=None, metavar="B",
+                    help="build sizes above B by tiling one generated run of B requests")
     ap.add_argument("--query-timeout", type=float, default=120.0,
                     help="seconds before a query is interrupted (reported as inf)")
     ap.add_argument("--top", type=int, default=8, help="relations listed per size")
@@ -190,7 +241,16 @@ def main() -> None:
     rows = []
     for n in args.sizes:
         path = folder / f"requests_{n}.duckdb"
-        if not (args.reuse and path.exists()):
+        if not (args.reuse and path.exists()) and args.tile_from and n > args.tile_from:
+            base = folder / f"requests_{args.tile_from}.duckdb"
+            if not base.exists():
+                generate(base, args.tile_from, args.batch)
+            for p in (path, Path(f"{path}.wal")):
+                p.unlink(missing_ok=True)
+            g = tile(base, path, n)
+            print(f"[{n:>9,} requests] tiled {g['copies']} copies of a {g['base_requests']:,}-request "
+                  f"run in {g['tile_s']:.1f} s", flush=True)
+        elif not (args.reuse and path.exists()):
             for p in (path, Path(f"{path}.wal")):
                 p.unlink(missing_ok=True)
             g = generate(path, n, args.batch)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -23,6 +24,12 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from audit import semconv
 from audit.schema import RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA
+from collectors.otlp import _candidate_events
+
+try:  # the optional C extension (setup.py); without it every body takes the Python path
+    from collectors.otlp import _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
 
 _KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 _STATUS = ("unset", "ok", "error")
@@ -51,6 +58,9 @@ class DecodedBatch:
     truncated_values: int = 0
     prompt_values_dropped: int = 0
     """Prompt/completion attribute values dropped (privacy; see :func:`is_prompt_key`)."""
+    candidate_json_malformed: int = 0
+    """Decision spans whose candidates attribute was not a JSON array of objects (kept verbatim,
+    expanded to no candidate rows; see :mod:`collectors.otlp._candidate_events`)."""
 
     @property
     def accepted(self) -> int:
@@ -423,5 +433,138 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
 
     spans = pa.Table.from_pydict(span_cols, schema=RAW_SPANS_SCHEMA)
     events_tbl = pa.Table.from_pydict(event_cols, schema=RAW_SPAN_EVENTS_SCHEMA)
+    events_tbl, malformed = _candidate_events.expand(spans, events_tbl)
     return DecodedBatch(spans=spans, events=events_tbl, rejected=rejected,
-                        truncated_values=conv.truncated, prompt_values_dropped=conv.prompts_dropped)
+                        truncated_values=conv.truncated, prompt_values_dropped=conv.prompts_dropped,
+                        candidate_json_malformed=malformed)
+
+
+# --------------------------------------------------------------------------------------------
+# Native path: protobuf bytes -> columns in C (collectors/otlp/_native.c)
+# --------------------------------------------------------------------------------------------
+NATIVE_AVAILABLE: Final = _native is not None
+"""Whether the C decoder was built and imports."""
+
+_fallback_lock = threading.Lock()
+_native_fallbacks = 0
+
+
+def native_fallbacks() -> int:
+    """Protobuf bodies :func:`decode_protobuf` decoded on the Python path (process-wide): those
+    the native decoder declined (rare or awkward content, undecodable bodies) and, when the
+    extension is not built, all of them."""
+    return _native_fallbacks
+
+
+def _count_fallback() -> None:
+    global _native_fallbacks
+    with _fallback_lock:
+        _native_fallbacks += 1
+
+
+_KIND_OF_TYPE: Final = {"VARCHAR": 0, "BIGINT": 1, "DOUBLE": 2, "BOOLEAN": 3,
+                        "VARCHAR[]": 5, "BIGINT[]": 6, "DOUBLE[]": 7}
+"""Typed-column types the C code fills itself (values of the exact type, int <-> double, arrays
+of those); other values, and other types (kind 4), come back as raw values and go through
+:func:`_coerce_column` here."""
+_ARROW_OF_KIND: Final = {0: pa.string(), 1: pa.int64(), 2: pa.float64(), 3: pa.bool_()}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True)
+class _NativeConfig:
+    snapshot: tuple[Any, ...]
+    capsule: Any
+    span_items: tuple[tuple[str, tuple[str, str]], ...]
+    res_items: tuple[tuple[str, tuple[str, str]], ...]
+    ev_items: tuple[tuple[str, tuple[str, str]], ...]
+
+
+_native_cfg: _NativeConfig | None = None
+
+
+def _snapshot() -> tuple[Any, ...]:
+    return (dict(semconv.TYPED_SPAN_ATTRIBUTES), dict(semconv.TYPED_RESOURCE_ATTRIBUTES),
+            dict(semconv.TYPED_EVENT_ATTRIBUTES), frozenset(PROMPT_KEYS), tuple(PROMPT_KEY_PREFIXES),
+            MAX_STRING_LEN, MAX_SPAN_ATTR_BYTES, _MIN_NS, _MAX_NS)
+
+
+def _native_config() -> _NativeConfig:
+    """The C decoder's tables, rebuilt whenever the registries (or limits) changed."""
+    global _native_cfg
+    cfg = _native_cfg
+    if cfg is not None:
+        snap = cfg.snapshot
+        if (snap[0] == semconv.TYPED_SPAN_ATTRIBUTES and snap[1] == semconv.TYPED_RESOURCE_ATTRIBUTES
+                and snap[2] == semconv.TYPED_EVENT_ATTRIBUTES and snap[3] == PROMPT_KEYS
+                and snap[4] == tuple(PROMPT_KEY_PREFIXES)
+                and snap[5:] == (MAX_STRING_LEN, MAX_SPAN_ATTR_BYTES, _MIN_NS, _MAX_NS)):
+            return cfg
+    snap = _snapshot()
+    items = tuple(tuple(d.items()) for d in snap[:3])
+    typed = tuple([(key, _KIND_OF_TYPE.get(typ, 4)) for key, (_col, typ) in its] for its in items)
+    capsule = _native.make_config(typed, sorted(snap[3]), list(snap[4]), *snap[5:])
+    cfg = _NativeConfig(snap, capsule, items[0], items[1], items[2])
+    _native_cfg = cfg
+    return cfg
+
+
+def _arrow(spec: tuple[Any, ...], hint: pa.DataType | None = None) -> pa.Array:
+    """An Arrow array from the C decoder's buffers (``hint``: the schema's type, for lists)."""
+    kind, n, nulls, validity, data, offsets = spec
+    if kind >= 4:  # list<...> (or, all null, a type left to Python)
+        if data is None:
+            return pa.nulls(n, hint) if hint is not None else pa.nulls(n)
+        child = _arrow(data)
+        typ = hint if (hint is not None and pa.types.is_list(hint) and hint.value_type == child.type) \
+            else pa.list_(child.type)
+        return pa.Array.from_buffers(typ, n, [None if validity is None else pa.py_buffer(validity),
+                                              pa.py_buffer(offsets)], null_count=nulls, children=[child])
+    typ = _ARROW_OF_KIND[kind]
+    if data is None:
+        return pa.nulls(n, typ)
+    bufs = [None if validity is None else pa.py_buffer(validity)]
+    if offsets is not None:
+        bufs.append(pa.py_buffer(offsets))
+    bufs.append(pa.py_buffer(data))
+    return pa.Array.from_buffers(typ, n, bufs, null_count=nulls)
+
+
+def _native_typed(cols: dict[str, Any], items: tuple[tuple[str, tuple[str, str]], ...],
+                  specs: list[Any], schema: pa.Schema) -> None:
+    names = schema.names
+    for (_key, (col, typ)), spec in zip(items, specs, strict=True):
+        if isinstance(spec, list):
+            cols[col] = _coerce_column(spec, typ)
+        else:
+            cols[col] = _arrow(spec, schema.field(col).type if spec[0] >= 4 and col in names else None)
+
+
+def decode_protobuf(body: bytes, received_ns: int, *, keep_prompts: bool = False) -> DecodedBatch:
+    """Decode a binary ``ExportTraceServiceRequest`` straight from its bytes.
+
+    Same result as ``decode(parse_protobuf(body), received_ns, keep_prompts=...)`` (equal
+    tables, rejections and counters; :class:`PayloadError` for undecodable bodies), computed by
+    the native decoder when it is built and the body holds nothing it leaves to Python;
+    otherwise by exactly that call (counted in :func:`native_fallbacks`).
+    """
+    if _native is not None and _INT64_MIN <= received_ns <= _INT64_MAX:
+        cfg = _native_config()
+        out = _native.decode(body, cfg.capsule, keep_prompts, received_ns)
+        if out is not None:
+            sfixed, rtyped, styped, efixed, etyped, rejected, truncated, prompts = out
+            span_cols: dict[str, Any] = {
+                name: _arrow(spec)
+                for name, spec in zip(_SPAN_FIXED + ("received_ns", "resource_attributes"), sfixed, strict=True)}
+            _native_typed(span_cols, cfg.res_items, rtyped, RAW_SPANS_SCHEMA)
+            _native_typed(span_cols, cfg.span_items, styped, RAW_SPANS_SCHEMA)
+            event_cols: dict[str, Any] = {name: _arrow(spec) for name, spec in zip(_EVENT_FIXED, efixed, strict=True)}
+            _native_typed(event_cols, cfg.ev_items, etyped, RAW_SPAN_EVENTS_SCHEMA)
+            spans = pa.Table.from_pydict(span_cols, schema=RAW_SPANS_SCHEMA)
+            events, malformed = _candidate_events.expand(
+                spans, pa.Table.from_pydict(event_cols, schema=RAW_SPAN_EVENTS_SCHEMA))
+            return DecodedBatch(
+                spans=spans, events=events, rejected=rejected, truncated_values=truncated,
+                prompt_values_dropped=prompts, candidate_json_malformed=malformed)
+    _count_fallback()
+    return decode(parse_protobuf(body), received_ns, keep_prompts=keep_prompts)

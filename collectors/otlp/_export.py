@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from collectors.otlp._decode import DecodedBatch, PayloadError, decode
+from collectors.otlp._decode import DecodedBatch, PayloadError, decode, decode_protobuf
 from collectors.otlp._errors import WriterUnavailable
 from collectors.otlp._metrics import Metrics
 
@@ -108,6 +108,22 @@ def decode_request(req: ExportTraceServiceRequest, metrics: Metrics, *,
     """
     try:
         return decode(req, time.time_ns(), keep_prompts=keep_prompts)
+    except Exception as exc:
+        log.exception("decoder crashed on a request")
+        metrics.inc("internal_errors")
+        raise PayloadError(f"request could not be decoded: {type(exc).__name__}") from exc
+
+
+def decode_protobuf_request(body: bytes, metrics: Metrics, *, keep_prompts: bool = False) -> DecodedBatch:
+    """Decode a binary request body (native decoder when built, else upb + Python).
+
+    :class:`PayloadError` for an undecodable body passes through; any other exception is a
+    decoder crash, handled as in :func:`decode_request`.
+    """
+    try:
+        return decode_protobuf(body, time.time_ns(), keep_prompts=keep_prompts)
+    except PayloadError:
+        raise
     except Exception as exc:
         log.exception("decoder crashed on a request")
         metrics.inc("internal_errors")

@@ -3,7 +3,8 @@
 The servicer implements opentelemetry-proto's ``TraceServiceServicer``, but it is registered
 with a raw-bytes request deserializer: grpcio answers a body it cannot deserialize with
 ``INTERNAL`` before any servicer code runs, whereas OTLP wants ``INVALID_ARGUMENT`` (not
-retried) for an undecodable request. So the handler parses the bytes itself.
+retried) for an undecodable request. So the handler decodes the bytes itself, with the native
+decoder when it is built (no upb parse at all; see ``collectors.otlp._decode.decode_protobuf``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from collectors.otlp._decode import parse_protobuf
+from collectors.otlp._decode import DecodedBatch
 from collectors.otlp._errors import StartError, Unauthenticated
-from collectors.otlp._export import Exporter, decode_request
+from collectors.otlp._export import Exporter, decode_protobuf_request, decode_request
 from collectors.otlp._metrics import Metrics
 from collectors.otlp._status import grpc_answer, is_refusal
 
@@ -45,16 +46,18 @@ class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
 
     def Export(self, request: ExportTraceServiceRequest,
                context: grpc.ServicerContext) -> ExportTraceServiceResponse:
-        return self._answer(context, lambda: request)
+        return self._answer(context, lambda: decode_request(request, self._metrics,
+                                                            keep_prompts=self._keep_prompts))
 
     def export_bytes(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
-        return self._answer(context, lambda: parse_protobuf(body))
+        return self._answer(context, lambda: decode_protobuf_request(body, self._metrics,
+                                                                     keep_prompts=self._keep_prompts))
 
     def _answer(self, context: grpc.ServicerContext,
-                get_request: Callable[[], ExportTraceServiceRequest]) -> ExportTraceServiceResponse:
+                get_batch: Callable[[], DecodedBatch]) -> ExportTraceServiceResponse:
         try:
             self._check_auth(context)
-            batch = decode_request(get_request(), self._metrics, keep_prompts=self._keep_prompts)
+            batch = get_batch()
             result = self._exporter.export(batch)
         except Exception as exc:
             if not is_refusal(exc):

@@ -40,7 +40,7 @@ from starlette.routing import Route
 
 from audit._errors import AuditError
 from audit._store import Store
-from collectors.otlp._decode import PayloadError, parse_json, parse_protobuf
+from collectors.otlp._decode import PayloadError, parse_json
 from collectors.otlp._errors import (
     BadRequest,
     BodyTimeout,
@@ -49,7 +49,7 @@ from collectors.otlp._errors import (
     Unauthenticated,
     UnsupportedMediaType,
 )
-from collectors.otlp._export import Exporter, decode_request
+from collectors.otlp._export import Exporter, decode_protobuf_request, decode_request
 from collectors.otlp._metrics import Metrics
 from collectors.otlp._status import http_answer, is_refusal, one_line, status_message
 from collectors.otlp.config import DEFAULT_MAX_QUERY_BYTES, CollectorConfig
@@ -109,8 +109,9 @@ class HttpReceiver:
             body = inflate(body, 16 + zlib.MAX_WBITS, self._config.max_decompressed_bytes)
         elif cenc == "deflate":
             body = inflate(body, zlib.MAX_WBITS, self._config.max_decompressed_bytes)
-        req = parse_protobuf(body) if encoding == "protobuf" else parse_json(body)
-        return decode_request(req, self._metrics, keep_prompts=self._config.keep_prompts)
+        if encoding == "protobuf":  # straight from the bytes (native decoder when built)
+            return decode_protobuf_request(body, self._metrics, keep_prompts=self._config.keep_prompts)
+        return decode_request(parse_json(body), self._metrics, keep_prompts=self._config.keep_prompts)
 
     def _refuse(self, exc: BaseException, encoding: str) -> Response:
         if isinstance(exc, ClientDisconnect):

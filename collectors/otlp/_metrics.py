@@ -17,6 +17,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from collectors.otlp import _decode
 
 _COUNTERS = {
     "spans_received": "Spans in decodable export requests (accepted by the decoder)",
@@ -32,6 +36,20 @@ _COUNTERS = {
     "commit_failures": "Group commits that failed (their exports answered 503 / UNAVAILABLE)",
     "internal_errors": "Requests that hit a bug (answered 500 or treated as undecodable); should stay 0",
 }
+
+
+class _NativeDecoderCollector(Collector):
+    """The native decoder's process-wide figures, read at scrape time."""
+
+    def collect(self) -> Any:
+        yield CounterMetricFamily(
+            "routeaudit_decode_native_fallbacks",
+            "Protobuf export bodies decoded on the Python path instead of the native decoder "
+            "(content it leaves to Python, undecodable bodies, or the extension not built); process-wide",
+            value=_decode.native_fallbacks())
+        yield GaugeMetricFamily(
+            "routeaudit_decode_native_available", "1 when the native OTLP decoder is built and loaded",
+            value=1 if _decode.NATIVE_AVAILABLE else 0)
 
 
 class Metrics:
@@ -59,6 +77,7 @@ class Metrics:
             "routeaudit_collector_group_batches", "Export batches merged into one commit",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=self.registry,
         )
+        self.registry.register(_NativeDecoderCollector())
         self._queue_depth = Gauge(
             "routeaudit_collector_queue_spans", "Spans (and snapshot rows) waiting for the writer",
             registry=self.registry,

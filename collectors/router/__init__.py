@@ -4,6 +4,6 @@ See ``docs/instrument-your-router.md``. Depends on ``opentelemetry-api`` only.
 """
 
 from ._recorder import Decision, DecisionRecorder, Forward
-from ._records import Candidate, DecisionRecord
+from ._records import Candidate, DecisionRecord, candidates_of
 
-__all__ = ["Candidate", "Decision", "DecisionRecord", "DecisionRecorder", "Forward"]
+__all__ = ["Candidate", "Decision", "DecisionRecord", "DecisionRecorder", "Forward", "candidates_of"]

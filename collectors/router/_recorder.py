@@ -8,8 +8,11 @@ Contract for router authors:
   Exceptions raised *by the router's own code* inside a ``with`` block are recorded on the span
   and propagate unchanged.
 * **Cheap.** ``candidate()`` only stores a tuple; attributes are built once, when the decision
-  span ends, and set with one call. Without an OpenTelemetry SDK everything is a no-op except the
-  trace-context headers, which still carry an incoming ``traceparent`` through.
+  span ends, and set with one call. By default (``candidate_encoding="json"``) all candidates
+  become one JSON string attribute (``routeaudit.decision.candidates``), formatted without a
+  per-candidate SDK call; ``"events"`` emits one ``routeaudit.candidate`` span event per
+  candidate instead (about ten times the SDK cost). Without an OpenTelemetry SDK everything is a
+  no-op except the trace-context headers, which still carry an incoming ``traceparent`` through.
 * **No context juggling.** Spans are never made "current" (no contextvars attach/detach), so the
   same code works in threads, asyncio tasks and callbacks; parents are passed explicitly.
 * A decision object belongs to one request in one thread/task; the recorder itself is shared and
@@ -18,13 +21,15 @@ Contract for router authors:
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
-import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -35,7 +40,10 @@ from audit import semconv as sc
 
 from ._records import DecisionRecord
 
-__all__ = ["Decision", "DecisionRecorder", "Forward", "INSTRUMENTATION_NAME"]
+__all__ = ["CandidateEncoding", "Decision", "DecisionRecorder", "Forward", "INSTRUMENTATION_NAME"]
+
+CandidateEncoding = Literal["json", "events"]
+"""How candidates are recorded: ``"json"`` (one string attribute, the default) or ``"events"``."""
 
 INSTRUMENTATION_NAME: Final = "routeaudit.router"
 """Instrumentation scope name of the spans this module emits."""
@@ -59,8 +67,16 @@ _CANDIDATE_FIELDS: Final[tuple[tuple[str, int], ...]] = (
     (sc.CANDIDATE_EST_QUEUE_MS, _T_FLOAT),
     (sc.CANDIDATE_EST_PREFILL_MS, _T_FLOAT),
     (sc.CANDIDATE_SCORE, _T_FLOAT),
+    (sc.REPLICA_DP_RANK, _T_INT),
 )
 _TELEMETRY_TS_INDEX: Final = 7  # position of telemetry_ts_ns in the stored tuple
+
+
+# Header mappings whose get() is already case-insensitive (starlette, httpx, multidict, werkzeug):
+# a miss needs no scan of every header.
+_CASE_INSENSITIVE: Final = frozenset(
+    {"Headers", "MutableHeaders", "CIMultiDict", "CIMultiDictProxy", "EnvironHeaders"}
+)
 
 
 class _HeaderGetter(Getter[Any]):
@@ -69,7 +85,7 @@ class _HeaderGetter(Getter[Any]):
     def get(self, carrier: Any, key: str) -> list[str] | None:
         if isinstance(carrier, Mapping):
             value = carrier.get(key)
-            if value is None:
+            if value is None and type(carrier).__name__ not in _CASE_INSENSITIVE:
                 for k, v in carrier.items():
                     if isinstance(k, str) and k.lower() == key:
                         value = v
@@ -124,7 +140,10 @@ class DecisionRecorder:
     """Records a router's decisions: one ``routeaudit.decision`` span per attempt.
 
     ``tracer_provider`` None means the global provider (resolved lazily, so the SDK may be set up
-    after the recorder is built). See the module docstring for the error contract.
+    after the recorder is built). ``candidate_encoding``: ``"json"`` (default) puts all candidates
+    in the one string attribute ``routeaudit.decision.candidates``; ``"events"`` adds one
+    ``routeaudit.candidate`` span event per candidate (the original form; both are read by the
+    collector). See the module docstring for the error contract.
     """
 
     def __init__(
@@ -132,8 +151,13 @@ class DecisionRecorder:
         policy: str,
         router_id: str | None = None,
         tracer_provider: trace.TracerProvider | None = None,
+        candidate_encoding: CandidateEncoding = "json",
     ) -> None:
+        if candidate_encoding not in ("json", "events"):
+            raise ValueError(f"candidate_encoding must be 'json' or 'events', not {candidate_encoding!r}")
         self.policy = str(policy)
+        self.candidate_encoding: CandidateEncoding = candidate_encoding
+        self._json = candidate_encoding == "json"
         self.router_id = None if router_id is None else str(router_id)
         self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, _VERSION, tracer_provider)
         self._lock = threading.Lock()
@@ -200,13 +224,18 @@ class DecisionRecorder:
                 rows.append((
                     c.replica, c.eligible, c.excluded_reason, c.waiting, c.running, c.kv_usage,
                     c.remaining_tokens, c.telemetry_ts_ns, c.pending, c.predicted_cached_tokens,
-                    c.est_queue_ms, c.est_prefill_ms, c.score,
+                    c.est_queue_ms, c.est_prefill_ms, c.score, c.dp_rank,
                 ))
                 if rec.chosen is not None and chosen_index < 0 and c.replica == rec.chosen:
                     chosen_index = i
-            errors += _emit_candidates(span, rows, chosen_index, int(rec.decided_ns))
+            decided = int(rec.decided_ns)
+            candidates_json = None
+            if not self._json:
+                errors += _emit_candidates(span, rows, chosen_index, decided)
+            elif rows:
+                candidates_json, errors = _candidates_json(rows, chosen_index, decided)
             final = _final_attrs(
-                rec.chosen, rec.reason, rec.outcome, len(rows), int(rec.decided_ns), errors
+                rec.chosen, rec.reason, rec.outcome, len(rows), decided, errors, candidates_json
             )
             span.set_attributes(final)
             if rec.outcome == "error":
@@ -305,14 +334,143 @@ def _emit_candidates(
     return errors
 
 
+# ---------------------------------------------------------------------------- JSON encoding
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
+_NONE_TYPE: Final = type(None)
+# (JSON key, kind) of every stored tuple position, replica first (see Decision.candidate()).
+_JSON_SPEC: Final[tuple[tuple[str, int], ...]] = (
+    (sc.CANDIDATE_JSON_KEYS[sc.CANDIDATE_REPLICA], _T_STR),
+    *((sc.CANDIDATE_JSON_KEYS[key], kind) for key, kind in _CANDIDATE_FIELDS),
+)
+_AGE_KEY: Final = sc.CANDIDATE_JSON_KEYS[sc.CANDIDATE_TELEMETRY_AGE_MS]
+_CHOSEN_KEY: Final = sc.CANDIDATE_JSON_KEYS[sc.CANDIDATE_CHOSEN]
+_JSON_DUMPS: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_ENCODER_CACHE_MAX: Final = 256
+
+_RowEncoder = Callable[[tuple[Any, ...], int, str], "str | None"]
+_row_encoders: dict[tuple[type, ...], _RowEncoder | None] = {}
+
+
+def _row_encoder(sig: tuple[type, ...]) -> _RowEncoder | None:
+    """A function formatting rows whose values have exactly the types ``sig`` as one JSON object.
+
+    Rows whose types are those the fields ask for (str, bool, int, int or float) take this path:
+    one ``%`` format of a fixed template, checks inline (int64 range, finite floats), no per-value
+    function calls. It returns None for a row that fails a check; None instead of a function
+    means rows of this signature always take :func:`_row_json_checked`. Cached per signature.
+    """
+    if sig in _row_encoders or len(_row_encoders) >= _ENCODER_CACHE_MAX:
+        return _row_encoders.get(sig)
+    parts: list[str] = []
+    args: list[str] = []
+    checks: list[str] = []
+    enc: _RowEncoder | None = None
+    ok = len(sig) == len(_JSON_SPEC)
+    for i, ((key, kind), t) in enumerate(zip(_JSON_SPEC, sig, strict=False)):
+        if t is _NONE_TYPE:
+            continue
+        v = f"row[{i}]"
+        if kind == _T_STR and t is str:
+            parts.append(f'"{key}":%s')
+            args.append(f"esc({v})")
+        elif kind == _T_BOOL and t is bool:
+            parts.append(f'"{key}":%s')
+            args.append(f"('false', 'true')[{v}]")
+        elif kind in (_T_INT, _T_FLOAT) and t is int:
+            parts.append(f'"{key}":%d')
+            args.append(v)
+            checks.append(f"{_INT64_MIN} <= {v} <= {_INT64_MAX}")
+        elif kind == _T_FLOAT and t is float:
+            parts.append(f'"{key}":%r')
+            args.append(v)
+            checks.append(f"{v} - {v} == 0.0")  # false for nan and ±inf
+        else:
+            ok = False
+            break
+        if i == _TELEMETRY_TS_INDEX:
+            parts.append(f'"{_AGE_KEY}":%r')
+            args.append(f"(decided_ns - {v}) / 1e6")
+    if ok:
+        parts.append(f'"{_CHOSEN_KEY}":%s')
+        args.append("chosen")
+        template = "{" + ",".join(parts) + "}"
+        src = (
+            "def _encode(row, decided_ns, chosen):\n"
+            f"    if not ({' and '.join(checks) or 'True'}):\n"
+            "        return None\n"
+            f"    return {template!r} % ({', '.join(args)},)\n"
+        )
+        ns: dict[str, Any] = {"esc": encode_basestring_ascii}
+        exec(src, ns)  # noqa: S102 - fixed template from the constants above, like namedtuple
+        enc = ns["_encode"]
+    _row_encoders[sig] = enc
+    return enc
+
+
+def _row_json_checked(row: tuple[Any, ...], decided_ns: int, chosen: bool) -> tuple[str, int]:
+    """One row as a JSON object, value by value (any types); returns (json, values dropped).
+
+    Values are coerced to their field's type as in the events encoding; a value that cannot be
+    converted, or an integer outside int64, is dropped and counted; a non-finite float is null.
+    """
+    obj: dict[str, Any] = {}
+    errors = 0
+    for i, ((key, kind), value) in enumerate(zip(_JSON_SPEC, row, strict=False)):
+        if value is None:
+            continue
+        try:
+            v = _coerce(value, kind)
+            if kind == _T_INT:
+                if not _INT64_MIN <= v <= _INT64_MAX:
+                    raise OverflowError("integer outside int64")
+            elif kind == _T_FLOAT:
+                if type(v) is int and not _INT64_MIN <= v <= _INT64_MAX:
+                    v = float(v)
+                if v - v != 0:
+                    v = None
+        except Exception:
+            errors += 1
+            continue
+        obj[key] = v
+        if i == _TELEMETRY_TS_INDEX:
+            obj[_AGE_KEY] = (decided_ns - v) / 1e6
+    obj[_CHOSEN_KEY] = chosen
+    return _JSON_DUMPS(obj), errors
+
+
+def _candidates_json(
+    rows: Sequence[tuple[Any, ...]], chosen_index: int, decided_ns: int
+) -> tuple[str, int]:
+    """All rows as the value of ``routeaudit.decision.candidates``; returns (json, values dropped)."""
+    parts: list[str] = []
+    errors = 0
+    encoders = _row_encoders
+    for i, row in enumerate(rows):
+        sig = tuple(map(type, row))
+        try:
+            enc = encoders[sig]
+        except KeyError:
+            enc = _row_encoder(sig)
+        text = None if enc is None else enc(row, decided_ns, "true" if i == chosen_index else "false")
+        if text is None:
+            text, bad = _row_json_checked(row, decided_ns, i == chosen_index)
+            errors += bad
+        parts.append(text)
+    return "[" + ",".join(parts) + "]", errors
+
+
 def _final_attrs(
-    chosen: Any, reason: Any, outcome: Any, count: int, decided_ns: int, errors: int
+    chosen: Any, reason: Any, outcome: Any, count: int, decided_ns: int, errors: int,
+    candidates_json: str | None = None,
 ) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         sc.DECISION_OUTCOME: str(outcome),
         sc.DECISION_CANDIDATE_COUNT: count,
         sc.DECISION_TIME: decided_ns,
     }
+    if candidates_json is not None:
+        attrs[sc.DECISION_CANDIDATES] = candidates_json
     if chosen is not None:
         attrs[sc.DECISION_CHOSEN] = str(chosen)
     if reason is not None:
@@ -374,7 +532,7 @@ class Decision:
                 rid = None
                 if incoming_headers is not None:
                     rid = header_value(incoming_headers, "x-request-id")
-                self.request_id = rid or uuid.uuid4().hex
+                self.request_id = rid or os.urandom(16).hex()
             attrs = rec._request_attrs(
                 self.request_id, attempt, model, input_tokens, max_tokens, prefix_hashes, stream,
                 endpoint,
@@ -404,12 +562,16 @@ class Decision:
         remaining_tokens: int | None = None, telemetry_ts_ns: int | None = None,
         pending: int | None = None, predicted_cached_tokens: int | None = None,
         est_queue_ms: float | None = None, est_prefill_ms: float | None = None,
-        score: float | None = None,
+        score: float | None = None, dp_rank: int | None = None,
     ) -> None:
-        """Note one candidate replica and the telemetry the router saw for it (cheap)."""
+        """Note one candidate replica and the telemetry the router saw for it (cheap).
+
+        ``dp_rank``: the engine's DP rank when ``replica`` runs several (``routeaudit.replica.dp_rank``).
+        """
         self._rows.append((
             replica, eligible, excluded_reason, waiting, running, kv_usage, remaining_tokens,
             telemetry_ts_ns, pending, predicted_cached_tokens, est_queue_ms, est_prefill_ms, score,
+            dp_rank,
         ))
 
     def choose(self, replica: str, reason: str | None = None, *, outcome: str = "routed") -> None:
@@ -464,7 +626,13 @@ class Decision:
                     if row[0] == self._chosen:
                         chosen_index = i
                         break
-            bad = _emit_candidates(span, rows, chosen_index, decided)
+            candidates_json = None
+            if not self._rec._json:
+                bad = _emit_candidates(span, rows, chosen_index, decided)
+            elif rows:
+                candidates_json, bad = _candidates_json(rows, chosen_index, decided)
+            else:
+                bad = 0
             self._errors += bad
             outcome, reason = self._outcome, self._reason
             if outcome is None:
@@ -475,7 +643,8 @@ class Decision:
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
             span.set_attributes(
-                _final_attrs(self._chosen, reason, outcome, len(rows), decided, self._errors)
+                _final_attrs(self._chosen, reason, outcome, len(rows), decided, self._errors,
+                             candidates_json)
             )
             if bad:
                 self._rec._count(bad, f"request {self.request_id!r}: bad candidate values")

@@ -1,10 +1,14 @@
-"""Plain data records for after-the-fact recording (:meth:`DecisionRecorder.record`)."""
+"""Plain data records for after-the-fact recording (:meth:`DecisionRecorder.record`), and
+:func:`candidates_of` to read the candidates back from a finished decision span."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from audit import semconv as sc
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -32,6 +36,7 @@ class Candidate:
     est_queue_ms: float | None = None
     est_prefill_ms: float | None = None
     score: float | None = None
+    dp_rank: int | None = None
 
 
 @dataclass(slots=True)
@@ -64,3 +69,18 @@ class DecisionRecord:
     forward_http_status: int | None = None
     start_ns: int | None = None
     end_ns: int | None = None
+
+
+def candidates_of(span: Any) -> list[dict[str, Any]]:
+    """The candidates a finished decision span recorded, in either encoding, as one dict per
+    candidate keyed by the full attribute names (``routeaudit.candidate.replica``, ...).
+
+    ``span`` is an SDK ``ReadableSpan`` (e.g. from ``InMemorySpanExporter``): the JSON
+    attribute :data:`~audit.semconv.DECISION_CANDIDATES` when present, else the
+    :data:`~audit.semconv.EVENT_CANDIDATE` events.
+    """
+    raw = (span.attributes or {}).get(sc.DECISION_CANDIDATES)
+    if raw is None:
+        return [dict(e.attributes or {}) for e in span.events if e.name == sc.EVENT_CANDIDATE]
+    full = {short: key for key, short in sc.CANDIDATE_JSON_KEYS.items()}
+    return [{full.get(k, k): v for k, v in cand.items()} for cand in json.loads(raw)]

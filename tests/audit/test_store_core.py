@@ -181,3 +181,31 @@ def test_every_slo_form_means_the_same_targets(store_path: Path) -> None:
     # the dashboard's queries accept the SLO object as well as the sidebar's mapping
     assert queries.slow_requests(reader, audit.SLO(ttft_ms=500)).height == 0
     assert queries.slow_requests(reader, {"ttft_ms": 500.0, "tpot_ms": 20.0}).height == 0
+
+
+def test_store_of_an_older_version_gains_typed_columns_filled_from_json(store_path: Path) -> None:
+    # An older store lacks typed columns added since; opening it adds them and fills them from
+    # the verbatim JSON, so staging reads old and new rows alike.
+    import json
+
+    import duckdb
+
+    row = _span("00000000000000c1")
+    row["attributes"] = json.dumps({"code.namespace": "smg::routers::http", "http.status_code": "503",
+                                    "http.method": "POST"})
+    store = Store(store_path)
+    store.append(pa.Table.from_pylist([row], schema=RAW_SPANS_SCHEMA))
+    store.close()
+    con = duckdb.connect(str(store_path))
+    for col in ("a_code_namespace", "a_http_status_legacy", "a_http_method_legacy"):
+        con.execute(f"alter table raw_spans drop column {col}")
+    con.close()
+
+    store = Store(store_path)
+    got = store.query_arrow("select a_code_namespace, a_http_status_legacy, a_http_method_legacy "
+                            "from raw_spans").to_pylist()
+    assert got == [{"a_code_namespace": "smg::routers::http", "a_http_status_legacy": 503,
+                    "a_http_method_legacy": "POST"}]
+    # and new rows can be appended by name again
+    assert store.append(_spans("00000000000000c2")) == 1
+    store.close()

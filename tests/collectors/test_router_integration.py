@@ -269,11 +269,10 @@ def test_doc_router_end_to_end(otel: tuple[TracerProvider, InMemorySpanExporter]
         assert dec[sc.COMPONENT] == "router" and dec[sc.ROUTER_POLICY] == "round_robin"
         assert dec[sc.DECISION_OUTCOME] == "routed" and dec[sc.DECISION_REASON] == "round_robin"
         assert dec[sc.DECISION_CANDIDATE_COUNT] == 2 and dec[sc.REQUEST_MAX_TOKENS] == 5
-        events = s1[sc.SPAN_DECISION].events
-        assert [e.name for e in events] == [sc.EVENT_CANDIDATE] * 2
-        chosen = [e.attributes[sc.CANDIDATE_REPLICA] for e in events
-                  if e.attributes[sc.CANDIDATE_CHOSEN]]
-        assert chosen == [dec[sc.DECISION_CHOSEN]]
+        assert s1[sc.SPAN_DECISION].events == ()  # the default: candidates as one JSON attribute
+        cands = json.loads(dec[sc.DECISION_CANDIDATES])
+        assert len(cands) == 2 and all(c["eligible"] is True for c in cands)
+        assert [c["replica"] for c in cands if c["chosen"]] == [dec[sc.DECISION_CHOSEN]]
         fwd = s1[sc.SPAN_FORWARD].attributes or {}
         assert fwd[sc.URL_FULL] == dec[sc.DECISION_CHOSEN] + "/v1/completions"
         assert fwd[sc.HTTP_STATUS] == 200
@@ -372,10 +371,10 @@ def test_least_loaded_router_with_scraped_telemetry(
         assert_one_trace(spans)
         dec = spans[sc.SPAN_DECISION]
         decided = dec.attributes[sc.DECISION_TIME]
-        for ev in dec.events:
-            a = ev.attributes
-            assert a[sc.CANDIDATE_KV_USAGE] == 0.25
-            assert a[sc.CANDIDATE_TELEMETRY_AGE_MS] == pytest.approx(
-                (decided - a[sc.CANDIDATE_TELEMETRY_TS]) / 1e6)
-            assert 0 <= a[sc.CANDIDATE_TELEMETRY_AGE_MS] < 2000
+        cands = json.loads(dec.attributes[sc.DECISION_CANDIDATES])
+        assert len(cands) == 2
+        for c in cands:
+            assert c["kv_usage"] == 0.25
+            assert c["telemetry_age_ms"] == pytest.approx((decided - c["telemetry_ts_ns"]) / 1e6)
+            assert 0 <= c["telemetry_age_ms"] < 2000
     assert scraper.rounds >= 1 and scraper.sink_errors == 0

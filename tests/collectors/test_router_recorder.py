@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -15,6 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import collectors.router as router_pkg
 from audit import semconv as sc
 from collectors.router import Candidate, DecisionRecord, DecisionRecorder
+from collectors.router import _recorder as recorder_mod
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -29,8 +31,10 @@ def test_public_surface() -> None:
 
 
 def test_decision_candidates_forward(otel: Any) -> None:
+    """candidate_encoding="events": one routeaudit.candidate event per candidate (as before)."""
     tp, exporter = otel
-    rec = DecisionRecorder(policy="cache_aware", router_id="r1", tracer_provider=tp)
+    rec = DecisionRecorder(policy="cache_aware", router_id="r1", tracer_provider=tp,
+                           candidate_encoding="events")
     now = time.time_ns()
     with rec.decide("req-1", model="m", input_tokens=100, max_tokens=16,
                     prefix_hashes=["h1", "h2"], stream=True, endpoint="/v1/completions",
@@ -119,7 +123,7 @@ def test_router_exception_propagates_and_is_recorded(otel: Any) -> None:
 
 def test_bad_values_are_dropped_and_counted(otel: Any, caplog: Any) -> None:
     tp, exporter = otel
-    rec = DecisionRecorder("p", tracer_provider=tp)
+    rec = DecisionRecorder("p", tracer_provider=tp, candidate_encoding="events")
     with caplog.at_level(logging.WARNING, logger="collectors.router"):
         with rec.decide("x", attempt=0) as d:
             d.candidate("a", waiting="lots", kv_usage=object(), running="3")
@@ -172,7 +176,7 @@ def test_no_sdk_is_noop_but_propagates() -> None:
 
 def test_record_after_the_fact(otel: Any) -> None:
     tp, exporter = otel
-    rec = DecisionRecorder("qp_cost", "r9", tracer_provider=tp)
+    rec = DecisionRecorder("qp_cost", "r9", tracer_provider=tp, candidate_encoding="events")
     t = 1_700_000_000_000_000_000
     ctx = rec.record(DecisionRecord(
         request_id="v1", decided_ns=t + 2_000, start_ns=t, end_ns=t + 3_000,
@@ -228,4 +232,200 @@ def test_async_routers_interleave(otel: Any) -> None:
     decs = [s for s in exporter.get_finished_spans() if s.name == sc.SPAN_DECISION]
     assert len(decs) == 5 and all(s.parent is None for s in decs)
     assert len({s.context.trace_id for s in decs}) == 5
+    assert rec.errors == 0
+
+
+# ----------------------------------------------------------------------------- JSON encoding
+def candidates(span: Any) -> list[dict[str, Any]]:
+    """The decision's candidates from routeaudit.decision.candidates (must be strict JSON)."""
+    def no_constants(name: str) -> Any:
+        raise AssertionError(f"non-standard JSON constant {name}")
+    value = span.attributes[sc.DECISION_CANDIDATES]
+    assert isinstance(value, str)
+    got = json.loads(value, parse_constant=no_constants)
+    assert isinstance(got, list) and all(isinstance(c, dict) for c in got)
+    return got
+
+
+def test_semconv_candidate_json_keys() -> None:
+    cand = {v for k, v in vars(sc).items() if k.startswith("CANDIDATE_") and isinstance(v, str)}
+    assert set(sc.CANDIDATE_JSON_KEYS) == cand | {sc.REPLICA_DP_RANK}
+    for key, short in sc.CANDIDATE_JSON_KEYS.items():
+        assert short == key.rsplit(".", 1)[1]
+    assert sc.DECISION_CANDIDATES == "routeaudit.decision.candidates"
+
+
+def test_json_is_the_default_and_round_trips_every_fact(otel: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder(policy="cache_aware", router_id="r1", tracer_provider=tp)
+    assert rec.candidate_encoding == "json"
+    now = time.time_ns()
+    with rec.decide("req-1", model="m", input_tokens=100) as d:
+        d.candidate("a", waiting=3, running=2, kv_usage=0.5, remaining_tokens=900,
+                    telemetry_ts_ns=now - 250_000_000, pending=1, predicted_cached_tokens=64,
+                    est_queue_ms=12.5, est_prefill_ms=30.0, score=42.5, dp_rank=2)
+        d.candidate("b", eligible=False, excluded_reason="unhealthy")
+        d.candidate("c\u00e9\"\\", waiting=0, kv_usage=1, score=-0.0,
+                    telemetry_ts_ns=now - 1_000_000)
+        d.choose("c\u00e9\"\\", reason="least_load")
+    dec = spans(exporter)[sc.SPAN_DECISION]
+    assert dec.events == ()  # no per-candidate events
+    a = dec.attributes
+    decided = a[sc.DECISION_TIME]
+    assert a[sc.DECISION_CANDIDATE_COUNT] == 3 and sc.DECISION_RECORDER_ERRORS not in a
+    c = candidates(dec)
+    assert c[0] == {
+        "replica": "a", "eligible": True, "waiting": 3, "running": 2, "kv_usage": 0.5,
+        "remaining_tokens": 900, "telemetry_ts_ns": now - 250_000_000,
+        "telemetry_age_ms": pytest.approx((decided - now) / 1e6 + 250), "pending": 1,
+        "predicted_cached_tokens": 64, "est_queue_ms": 12.5, "est_prefill_ms": 30.0,
+        "score": 42.5, "dp_rank": 2, "chosen": False,
+    }
+    assert c[1] == {"replica": "b", "eligible": False, "excluded_reason": "unhealthy",
+                    "chosen": False}
+    assert c[2]["replica"] == "c\u00e9\"\\" and c[2]["chosen"] is True
+    assert c[2]["kv_usage"] == 1 and c[2]["score"] == 0.0 and c[2]["waiting"] == 0
+    # types survive: JSON numbers/booleans, ints stay ints (exact for ns timestamps)
+    assert type(c[0]["waiting"]) is int and type(c[0]["kv_usage"]) is float
+    assert type(c[0]["telemetry_ts_ns"]) is int and c[0]["eligible"] is True
+    # every key is a documented short key
+    short = set(sc.CANDIDATE_JSON_KEYS.values())
+    assert all(set(obj) <= short for obj in c)
+    assert rec.errors == 0
+
+
+def test_events_mode_unchanged(otel: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp, candidate_encoding="events")
+    with rec.decide("e") as d:
+        d.candidate("a", waiting=1, kv_usage=0.5, telemetry_ts_ns=5)
+        d.candidate("b", eligible=False, excluded_reason="full", dp_rank=1)
+        d.choose("a")
+    dec = spans(exporter)[sc.SPAN_DECISION]
+    assert sc.DECISION_CANDIDATES not in dec.attributes
+    assert [e.name for e in dec.events] == [sc.EVENT_CANDIDATE] * 2
+    decided = dec.attributes[sc.DECISION_TIME]
+    assert dict(dec.events[0].attributes) == {
+        sc.CANDIDATE_REPLICA: "a", sc.CANDIDATE_ELIGIBLE: True, sc.CANDIDATE_WAITING: 1,
+        sc.CANDIDATE_KV_USAGE: 0.5, sc.CANDIDATE_TELEMETRY_TS: 5,
+        sc.CANDIDATE_TELEMETRY_AGE_MS: (decided - 5) / 1e6, sc.CANDIDATE_CHOSEN: True}
+    assert dict(dec.events[1].attributes) == {
+        sc.CANDIDATE_REPLICA: "b", sc.CANDIDATE_ELIGIBLE: False,
+        sc.CANDIDATE_EXCLUDED_REASON: "full", sc.REPLICA_DP_RANK: 1, sc.CANDIDATE_CHOSEN: False}
+    assert all(e.timestamp == decided for e in dec.events)
+    with pytest.raises(ValueError):
+        DecisionRecorder("p", tracer_provider=tp, candidate_encoding="xml")  # type: ignore[arg-type]
+
+
+class _Weird:
+    def __str__(self) -> str:
+        return "weird\n\"obj\""
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __float__(self) -> float:
+        raise RuntimeError("no float")
+
+
+def test_json_weird_values_never_raise_and_stay_valid(otel: Any, caplog: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp)
+    nan, inf = float("nan"), float("inf")
+    with caplog.at_level(logging.CRITICAL, logger="collectors.router"):
+        with rec.decide("w") as d:
+            d.candidate("nan", kv_usage=nan, score=inf, est_queue_ms=-inf, est_prefill_ms=1e308)
+            d.candidate("huge", waiting=2**70, running=-(2**64), telemetry_ts_ns=2**63,
+                        pending=2**63 - 1, score=10**400, kv_usage=2**80)  # 4 dropped
+            d.candidate(12345, eligible=1, waiting=True, running=3.9,  # type: ignore[arg-type]
+                        excluded_reason=_Weird())  # type: ignore[arg-type]
+            d.candidate(_Weird(), waiting="lots", kv_usage=object(),  # type: ignore[arg-type]
+                        score="2.5", running="3")  # type: ignore[arg-type]  # 2 dropped
+            d.candidate(_Unprintable(), excluded_reason=_Unprintable(),  # type: ignore[arg-type]
+                        score=_Unprintable())  # type: ignore[arg-type]  # 3 dropped
+            d.candidate(None, telemetry_ts_ns=nan)  # type: ignore[arg-type]  # 1 dropped
+            d.choose("nan")
+    dec = spans(exporter)[sc.SPAN_DECISION]
+    c = candidates(dec)  # strict JSON: no NaN/Infinity tokens
+    assert len(c) == 6
+    assert c[0] == {"replica": "nan", "eligible": True, "kv_usage": None, "score": None,
+                    "est_queue_ms": None, "est_prefill_ms": 1e308, "chosen": True}
+    assert c[1] == {"replica": "huge", "eligible": True, "pending": 2**63 - 1,
+                    "kv_usage": float(2**80), "chosen": False}
+    assert c[2] == {"replica": "12345", "eligible": True, "waiting": 1, "running": 3,
+                    "excluded_reason": 'weird\n"obj"', "chosen": False}
+    assert c[3] == {"replica": 'weird\n"obj"', "eligible": True, "running": 3, "score": 2.5,
+                    "chosen": False}
+    assert c[4] == {"eligible": True, "chosen": False}
+    assert c[5] == {"eligible": True, "chosen": False}
+    dropped = 4 + 2 + 3 + 1
+    assert dec.attributes[sc.DECISION_RECORDER_ERRORS] == dropped
+    assert rec.errors == dropped
+    assert dec.attributes[sc.DECISION_CHOSEN] == "nan"
+
+
+def test_json_fast_and_checked_paths_agree() -> None:
+    """The generated per-signature formatter and the value-by-value path give the same JSON."""
+    t = 1_700_000_000_000_000_000
+    rows = [
+        ("a", True, None, 1, 2, 0.25, 900, t - 5_000_000, 0, 64, 1.5, 2.0, -3.0, 1),
+        ("b", False, "unhealthy", None, None, None, None, None, None, None, None, None, None,
+         None),
+        ("c\u2603\"", True, None, 0, 0, 1, None, t, None, None, 0, 7, 1e-9, 0),
+        ("d", True, None, None, None, 0.1 + 0.2, None, None, None, None, None, None, 12345.678,
+         None),
+    ]
+    for chosen in (True, False):
+        for row in rows:
+            enc = recorder_mod._row_encoder(tuple(map(type, row)))
+            assert enc is not None
+            fast = enc(row, t, "true" if chosen else "false")
+            checked, errors = recorder_mod._row_json_checked(row, t, chosen)
+            assert errors == 0 and fast == checked
+            assert json.loads(fast) == json.loads(checked)
+
+
+def test_json_record_after_the_fact(otel: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder("qp_cost", "r9", tracer_provider=tp)
+    t = 1_700_000_000_000_000_000
+    rec.record(DecisionRecord(
+        request_id="v1", decided_ns=t + 2_000, start_ns=t, end_ns=t + 3_000,
+        candidates=[Candidate("a", waiting=1, telemetry_ts_ns=t - 5_000_000),
+                    Candidate("b", running=4, est_queue_ms=3.0, dp_rank=1)],
+        chosen="b", reason="min_cost"))
+    rec.record(DecisionRecord(request_id="v2", decided_ns=t, outcome="rejected"))
+    decs = {s.attributes[sc.REQUEST_ID]: s for s in exporter.get_finished_spans()}
+    c = candidates(decs["v1"])
+    assert c == [
+        {"replica": "a", "eligible": True, "waiting": 1, "telemetry_ts_ns": t - 5_000_000,
+         "telemetry_age_ms": 5.002, "chosen": False},
+        {"replica": "b", "eligible": True, "running": 4, "est_queue_ms": 3.0, "dp_rank": 1,
+         "chosen": True},
+    ]
+    assert decs["v1"].events == () and decs["v1"].attributes[sc.DECISION_TIME] == t + 2_000
+    # no candidates: no attribute
+    assert sc.DECISION_CANDIDATES not in decs["v2"].attributes
+    assert decs["v2"].attributes[sc.DECISION_CANDIDATE_COUNT] == 0
+    assert rec.errors == 0
+
+
+def test_json_many_signatures_still_correct(otel: Any) -> None:
+    """Past the formatter cache, rows still encode (value by value)."""
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp)
+    fields = ["waiting", "running", "kv_usage", "remaining_tokens", "pending",
+              "predicted_cached_tokens", "est_queue_ms", "est_prefill_ms", "score"]
+    with rec.decide("many") as d:
+        for mask in range(1 << len(fields)):  # 512 signatures > the cache
+            d.candidate(f"r{mask}", **{f: 1 for i, f in enumerate(fields) if mask >> i & 1})
+        d.choose("r7")
+    c = candidates(spans(exporter)[sc.SPAN_DECISION])
+    assert len(c) == 1 << len(fields)
+    for mask, obj in enumerate(c):
+        assert obj == {"replica": f"r{mask}", "eligible": True, "chosen": mask == 7,
+                       **{f: 1 for i, f in enumerate(fields) if mask >> i & 1}}
+    assert len(recorder_mod._row_encoders) <= recorder_mod._ENCODER_CACHE_MAX
     assert rec.errors == 0

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from audit import semconv as sc
+from collectors.router import candidates_of
 from testbed import ReplicaConfig, live
 from testbed.live import Fleet, live_requests, prompt_info, serve_replicas, serve_router
 from testbed.live._tokens import text_for_keys
@@ -161,7 +162,7 @@ def test_router_admission_limit_rejects_with_429(exporter: InMemorySpanExporter)
     full = dec["adm-full"][0]
     attrs = full.attributes or {}
     assert attrs[sc.DECISION_OUTCOME] == "rejected" and attrs[sc.DECISION_REASON] == "admission_limit"
-    ev = full.events[0].attributes or {}
+    ev = candidates_of(full)[0]
     assert ev[sc.CANDIDATE_ELIGIBLE] is False and ev[sc.CANDIDATE_EXCLUDED_REASON] == "full"
     assert ev[sc.CANDIDATE_PENDING] == 1
 
@@ -181,8 +182,7 @@ def test_router_retries_connect_error_as_attempt_1(exporter: InMemorySpanExporte
     d0, d1 = sorted(dec[retried[0]], key=lambda s: (s.attributes or {})[sc.ATTEMPT])
     assert (d0.attributes or {})[sc.DECISION_CHOSEN] == dead
     assert (d1.attributes or {})[sc.ATTEMPT] == 1 and (d1.attributes or {})[sc.DECISION_CHOSEN] != dead
-    excl = {(e.attributes or {})[sc.CANDIDATE_REPLICA]: (e.attributes or {}).get(sc.CANDIDATE_EXCLUDED_REASON)
-            for e in d1.events}
+    excl = {c[sc.CANDIDATE_REPLICA]: c.get(sc.CANDIDATE_EXCLUDED_REASON) for c in candidates_of(d1)}
     assert excl[dead] == "connect_error"
     fwd = [f for f in _by(spans, sc.SPAN_FORWARD)[retried[0]] if f.parent == d0.context]
     assert fwd and not fwd[0].status.is_ok

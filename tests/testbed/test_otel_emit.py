@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import testbed  # noqa: E402
 from audit import semconv as sc  # noqa: E402
+from collectors.router import candidates_of  # noqa: E402
 from testbed.emit import OTelEmitter  # noqa: E402
 
 
@@ -35,6 +36,6 @@ def test_otel_emitter_produces_linked_spans_with_simulated_times() -> None:
             assert len({c.context.trace_id for c in chain}) == 1
             assert sp.resource.attributes[sc.REPLICA_ID].startswith("replica-")
         if sp.name == sc.SPAN_DECISION:
-            assert len([e for e in sp.events if e.name == sc.EVENT_CANDIDATE]) == 2
+            assert len(candidates_of(sp)) == 2
     em.close()
     em.close()  # idempotent

@@ -76,11 +76,12 @@ request_level_base as (
             ) filter (where eligible and replica_observed),
             any_value(input_tokens)
         ) as ideal_cached_tokens,
-        arg_max(replica, cached_assumed_tokens)
+        -- ties go to the replica named last, so every rebuild names the same one
+        arg_max(replica, (cached_assumed_tokens, replica))
             filter (where eligible and replica_observed) as ideal_replica,
         -- the wait even the best placement would have had (estimated on the true state)
         min(wait_est_ms) filter (where eligible and replica_observed) as min_wait_ms,
-        arg_min(replica, wait_est_ms)
+        arg_min(replica, (wait_est_ms, replica))
             filter (where eligible and replica_observed) as min_wait_replica
     from final_rows
     group by all

@@ -1,12 +1,19 @@
 -- int_attr_executions_timed: one row per execution (executions mart) with its phase boundaries
 -- on the reference clock: arrival (start_at), prefill start (start_at + queue), first token
 -- (start_at + TTFT) and end. Durations are the engine's own; only start_at/end_at are
--- cross-host corrected. Also the uncached prompt tokens. Reads the executions mart only: the
--- attribution relations each read a mart once (views are inlined; planning cost multiplies).
+-- cross-host corrected. Also the uncached prompt tokens and the request's run.
 with
 
 all_executions as (
     select * from executions
+),
+
+request_runs as (
+    select
+        request_id,
+        any_value(run_id) as run_id
+    from requests
+    group by request_id
 ),
 
 durations as (
@@ -43,7 +50,12 @@ timed as (
 ),
 
 final as (
-    select * from timed
+    select
+        t.*,
+        r.run_id
+    from timed as t
+    left join request_runs as r
+        on t.request_id = r.request_id
 )
 
 select * from final

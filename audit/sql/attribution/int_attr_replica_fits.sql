@@ -7,50 +7,12 @@
 -- docs/attribution.md, "Calibration".
 with
 
-timed_executions as (
+timed as (
     select * from int_attr_executions_timed
 ),
 
-run_of_request as (
-    select
-        request_id,
-        any_value(run_id) as run_id
-    from requests
-    group by all
-),
-
-timed as (
-    select
-        e.*,
-        r.run_id
-    from timed_executions as e
-    left join run_of_request as r
-        on e.request_id = r.request_id
-),
-
-idle_starts as (
-    -- the chosen replica had no request queued or in prefill at the decision (drain 0) ...
-    select distinct exec_span_id as span_id
-    from int_attr_candidates_state
-    where chosen and replica = exec_replica and drain_ms = 0 and exec_span_id is not null
-),
-idle_shared as (
-    -- ... and no other request's prefill overlapped its prefill (a range join bounded by the
-    -- prefills running at once on one replica, like the true-state join)
-    select distinct e.span_id
-    from timed as e
-    inner join idle_starts as i
-        on e.span_id = i.span_id
-    inner join timed as o
-        on e.replica = o.replica
-        and o.prefill_start_at < e.first_token_at
-        and o.first_token_at > e.prefill_start_at
-        and o.span_id <> e.span_id
-),
 idle_solo as (
-    select span_id from idle_starts
-    except
-    select span_id from idle_shared
+    select span_id from int_attr_idle_prefills
 ),
 
 calibration_points as (

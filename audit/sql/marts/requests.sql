@@ -25,7 +25,36 @@ stg_candidates_source as materialized (
 
 client_sides as materialized (
 
-    select *
+    -- only the fields read below: each side becomes a struct column of requests_joined
+    select
+        request_key,
+        request_id,
+        trace_id,
+        span_id,
+        run_id,
+        model,
+        endpoint,
+        usage_input_tokens,
+        request_input_tokens,
+        usage_output_tokens,
+        usage_cached_tokens,
+        max_tokens,
+        stream,
+        corrected_start_ns,
+        duration_ms,
+        client_ttft_ms,
+        client_e2e_ms,
+        engine_ttft_ms,
+        engine_e2e_ms,
+        engine_queue_ms,
+        engine_prefill_ms,
+        engine_decode_ms,
+        finish_reason,
+        http_status,
+        declared_status,
+        otel_status,
+        router_id,
+        self_replica
     from int_spans_clock_corrected_source
     where span_role = 'client'
     qualify row_number() over (
@@ -36,7 +65,36 @@ client_sides as materialized (
 
 router_sides as materialized (
 
-    select *
+    -- only the fields read below: each side becomes a struct column of requests_joined
+    select
+        request_key,
+        request_id,
+        trace_id,
+        span_id,
+        run_id,
+        model,
+        endpoint,
+        usage_input_tokens,
+        request_input_tokens,
+        usage_output_tokens,
+        usage_cached_tokens,
+        max_tokens,
+        stream,
+        corrected_start_ns,
+        duration_ms,
+        client_ttft_ms,
+        client_e2e_ms,
+        engine_ttft_ms,
+        engine_e2e_ms,
+        engine_queue_ms,
+        engine_prefill_ms,
+        engine_decode_ms,
+        finish_reason,
+        http_status,
+        declared_status,
+        otel_status,
+        router_id,
+        self_replica
     from int_spans_clock_corrected_source
     where span_role like 'router_%'
     qualify row_number() over (
@@ -55,7 +113,36 @@ router_sides as materialized (
 
 replica_sides as materialized (
 
-    select *
+    -- only the fields read below: each side becomes a struct column of requests_joined
+    select
+        request_key,
+        request_id,
+        trace_id,
+        span_id,
+        run_id,
+        model,
+        endpoint,
+        usage_input_tokens,
+        request_input_tokens,
+        usage_output_tokens,
+        usage_cached_tokens,
+        max_tokens,
+        stream,
+        corrected_start_ns,
+        duration_ms,
+        client_ttft_ms,
+        client_e2e_ms,
+        engine_ttft_ms,
+        engine_e2e_ms,
+        engine_queue_ms,
+        engine_prefill_ms,
+        engine_decode_ms,
+        finish_reason,
+        http_status,
+        declared_status,
+        otel_status,
+        router_id,
+        self_replica
     from int_spans_clock_corrected_source
     where span_role = 'replica'
     qualify row_number() over (

@@ -24,5 +24,8 @@ create table if not exists raw_span_events (
     c_est_prefill_ms DOUBLE,
     c_score DOUBLE,
     e_url VARCHAR,
+    e_worker_url VARCHAR,
+    e_worker VARCHAR,
+    c_dp_rank BIGINT,
     primary key (trace_id, span_id, event_index)
 );

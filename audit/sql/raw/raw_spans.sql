@@ -88,5 +88,12 @@ create table if not exists raw_spans (
     a_backend_url VARCHAR,
     a_routing_logic VARCHAR,
     a_rid VARCHAR,
+    a_response_model VARCHAR,
+    a_method VARCHAR,
+    a_http_method_legacy VARCHAR,
+    a_http_target VARCHAR,
+    a_http_status_legacy BIGINT,
+    a_code_namespace VARCHAR,
+    a_decision_candidates VARCHAR,
     primary key (trace_id, span_id)
 );

@@ -18,8 +18,7 @@ candidate_events as (
         event_index,
         time_ns as event_ns,
         c_replica as raw_replica,
-        try_cast(attributes ->> 'routeaudit.replica.dp_rank' as bigint)
-            as dp_rank,
+        c_dp_rank as dp_rank,
         c_eligible as eligible,
         c_excluded_reason as excluded_reason,
         c_chosen as declared_chosen,

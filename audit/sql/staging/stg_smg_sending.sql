@@ -16,7 +16,7 @@ sending_events as (
         span_id as router_span_id,
         event_index,
         time_ns as sent_ns,
-        coalesce(e_url, attributes ->> 'worker_url', attributes ->> 'worker')
+        coalesce(e_url, e_worker_url, e_worker)
             as raw_url
     from raw_span_events_source
     where name = 'Sending request'

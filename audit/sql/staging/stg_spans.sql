@@ -30,21 +30,21 @@ spans_with_aliases_resolved as (
             as clock_domain,
         a_component as component,
         coalesce(a_run_id, r_run_id) as run_id,
-        coalesce(a_model, attributes ->> 'gen_ai.response.model') as model,
+        coalesce(a_model, a_response_model) as model,
         a_max_tokens as max_tokens,
         a_input_tokens as request_input_tokens,
         a_stream as stream,
         coalesce(
             a_http_method,
-            attributes ->> 'method',
-            attributes ->> 'http.method'
+            a_method,
+            a_http_method_legacy
         ) as http_method,
         coalesce(
             a_endpoint,
             a_url_path,
             a_smg_uri,
             a_http_route,
-            attributes ->> 'http.target',
+            a_http_target,
             regexp_extract(
                 a_url_full, '^[A-Za-z][A-Za-z0-9+.-]*://[^/]+(/[^?#]*)', 1
             )
@@ -52,7 +52,7 @@ spans_with_aliases_resolved as (
         coalesce(
             a_http_status,
             a_smg_status_code,
-            try_cast(attributes ->> 'http.status_code' as bigint)
+            a_http_status_legacy
         ) as http_status,
         a_status as declared_status,
         a_client_ttft_ms as client_ttft_ms,
@@ -102,7 +102,7 @@ spans_with_aliases_resolved as (
         ) as raw_target,
         coalesce(a_replica_id, r_replica_id, service_instance_id, service_name)
             as raw_self_replica,
-        attributes ->> 'code.namespace' as code_namespace
+        a_code_namespace as code_namespace
     from raw_spans_source
 
 ),

@@ -1,0 +1,155 @@
+-- int_attr_candidates_resolved: one row per candidate replica per decision (grain: request_id,
+-- attempt, decision_span_id, replica): what the router recorded about the candidate or, for a
+-- decision recorded without candidates, every replica of its run as the last /metrics scrape
+-- before the decision showed it (evidence_source says which). pending_total: the sum of the
+-- recorded candidates' pending counts of the decision; a router counts its own assignments not
+-- yet in telemetry, so within one instant the smaller total was decided first.
+with
+
+decisions_resolved as (
+    select * from int_attr_decisions_resolved
+),
+
+all_candidates as (
+    select * from candidates
+),
+
+all_snapshots as (
+    select * from snapshots
+),
+
+timed as (
+    select * from int_attr_executions_timed
+),
+
+candidates_recorded as (
+    select
+        d.request_id,
+        d.attempt,
+        d.decision_span_id,
+        c.replica,
+        coalesce(c.eligible, true) as eligible,
+        c.excluded_reason,
+        coalesce(c.chosen, c.replica = d.chosen_replica, false) as chosen,
+        cast(c.waiting as double) as seen_waiting,
+        cast(c.running as double) as seen_running,
+        c.kv_usage as seen_kv_usage,
+        c.remaining_tokens as seen_remaining_tokens,
+        c.pending as seen_pending,
+        c.telemetry_ts,
+        coalesce(
+            c.telemetry_age_ms,
+            date_diff('microsecond', c.telemetry_ts, d.decided_at) / 1000.0
+        ) as telemetry_age_ms,
+        c.predicted_cached_tokens,
+        c.est_queue_ms as router_est_queue_ms,
+        c.est_prefill_ms as router_est_prefill_ms,
+        c.score,
+        'recorded' as evidence_source
+    from decisions_resolved as d
+    inner join all_candidates as c
+        on d.request_id = c.request_id
+        and d.attempt is not distinct from c.attempt
+        and (
+            c.decision_span_id is null
+            or d.decision_span_id is null
+            or c.decision_span_id = d.decision_span_id
+        )
+),
+
+decisions_unrecorded as (
+    select d.*
+    from decisions_resolved as d
+    anti join candidates_recorded as c
+        on d.request_id = c.request_id
+        and d.attempt is not distinct from c.attempt
+),
+
+run_replicas as (
+    select distinct
+        run_id,
+        replica
+    from timed
+    where replica is not null
+),
+
+scrapes as (
+    -- one scrape holds one row per dp rank: add the ranks of a replica at one instant
+    select
+        replica,
+        scraped_at,
+        sum(waiting) as waiting,
+        sum(running) as running,
+        max(kv_usage) as kv_usage
+    from all_snapshots
+    where coalesce(ok, true)
+    group by all
+),
+
+reconstructed_pairs as (
+    select
+        d.request_id,
+        d.attempt,
+        d.decision_span_id,
+        d.decided_at,
+        d.chosen_replica,
+        x.replica
+    from decisions_unrecorded as d
+    inner join run_replicas as x
+        on d.run_id is not distinct from x.run_id
+    union
+    select
+        d.request_id,
+        d.attempt,
+        d.decision_span_id,
+        d.decided_at,
+        d.chosen_replica,
+        d.chosen_replica as replica
+    from decisions_unrecorded as d
+    where d.chosen_replica is not null
+),
+
+candidates_reconstructed as (
+    select
+        p.request_id,
+        p.attempt,
+        p.decision_span_id,
+        p.replica,
+        true as eligible,
+        cast(null as varchar) as excluded_reason,
+        p.replica is not distinct from p.chosen_replica as chosen,
+        s.waiting as seen_waiting,
+        s.running as seen_running,
+        s.kv_usage as seen_kv_usage,
+        cast(null as bigint) as seen_remaining_tokens,
+        cast(null as bigint) as seen_pending,
+        s.scraped_at as telemetry_ts,
+        date_diff('microsecond', s.scraped_at, p.decided_at) / 1000.0
+            as telemetry_age_ms,
+        cast(null as bigint) as predicted_cached_tokens,
+        cast(null as double) as router_est_queue_ms,
+        cast(null as double) as router_est_prefill_ms,
+        cast(null as double) as score,
+        'reconstructed' as evidence_source
+    from reconstructed_pairs as p
+    asof left join scrapes as s
+        on p.replica = s.replica
+        and p.decided_at >= s.scraped_at
+),
+
+candidates_resolved as (
+    select * from candidates_recorded
+    union all by name
+    select * from candidates_reconstructed
+),
+
+final as (
+    select
+        *,
+        sum(seen_pending) filter (where evidence_source = 'recorded') over (
+            partition by request_id, attempt, decision_span_id
+        ) as pending_total
+    from candidates_resolved
+)
+
+select * from final

@@ -1,0 +1,1725 @@
+/* Native OTLP trace decoder: ExportTraceServiceRequest protobuf wire format -> raw store columns.
+ *
+ * Reads the bytes directly (no upb parse) and produces exactly what collectors/otlp/_decode.py's
+ * decode() produces for the same request: Arrow-layout buffers for the fixed and typed columns,
+ * JSON text identical to json.JSONEncoder(ensure_ascii=False, default=str), rejection records.
+ * Anything rare or awkward (kvlist / bytes / nested values, duplicate keys in one attribute list,
+ * repeated singular sub-messages, wrong wire types, malformed or truncated input, invalid UTF-8)
+ * makes decode() return None: the caller then runs the Python decoder, which is the reference.
+ * The rule: never accept what upb would reject, never produce anything Python would not.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { T_STR = 0, T_I64 = 1, T_F64 = 2, T_BOOL = 3, T_OBJ = 4,                   /* column kinds */
+       T_LSTR = 5, T_LI64 = 6, T_LF64 = 7 };                 /* list<string|int64|double> */
+enum { V_NONE = 0, V_STR, V_INT, V_DBL, V_BOOL, V_ARR };             /* attribute value kinds */
+enum { CTX_SPAN = 0, CTX_RES = 1, CTX_EV = 2, CTX_LINK = 3 };
+enum { M_KV, M_ANY, M_ARR, M_KVL, M_ENTREF, M_EVENT, M_LINK };        /* validator schemas */
+
+/* ------------------------------------------------------------------------------------------- */
+/* configuration (capsule)                                                                        */
+/* ------------------------------------------------------------------------------------------- */
+typedef struct {
+    uint8_t *key;
+    size_t klen;
+    uint64_t h;
+    int col[3];
+    int prompt;
+} KEnt;
+
+typedef struct {
+    KEnt *ents;
+    size_t nents;
+    int32_t *slots;
+    size_t mask;
+    int ncols[3];
+    int *types[3];
+    uint8_t **pfx;
+    size_t *pfxlen;
+    int npfx;
+    size_t max_str;
+    size_t max_span_bytes;
+    uint64_t min_ns, max_ns;
+} Cfg;
+
+static uint64_t fnv(const uint8_t *p, size_t n) { /* any good-enough 64-bit hash of the key */
+    uint64_t h = 1469598103934665603ULL ^ (n * 0x9e3779b97f4a7c15ULL);
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0x100000001b3ULL;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p, n);
+    h = (h ^ w) * 0x100000001b3ULL;
+    h ^= h >> 32;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static void cfg_free(Cfg *c) {
+    if (!c) return;
+    for (size_t i = 0; i < c->nents; i++) free(c->ents[i].key);
+    free(c->ents);
+    free(c->slots);
+    for (int i = 0; i < 3; i++) free(c->types[i]);
+    for (int i = 0; i < c->npfx; i++) free(c->pfx[i]);
+    free(c->pfx);
+    free(c->pfxlen);
+    free(c);
+}
+
+static void cfg_capsule_free(PyObject *cap) {
+    cfg_free((Cfg *)PyCapsule_GetPointer(cap, "routeaudit.native.cfg"));
+}
+
+static KEnt *cfg_lookup(const Cfg *c, uint64_t h, const uint8_t *k, size_t kl) {
+    size_t i = (size_t)h & c->mask;
+    for (;;) {
+        int32_t s = c->slots[i];
+        if (s < 0) return NULL;
+        KEnt *e = &c->ents[s];
+        if (e->h == h && e->klen == kl && memcmp(e->key, k, kl) == 0) return e;
+        i = (i + 1) & c->mask;
+    }
+}
+
+static KEnt *cfg_intern(Cfg *c, const uint8_t *k, size_t kl) {
+    uint64_t h = fnv(k, kl);
+    KEnt *e = cfg_lookup(c, h, k, kl);
+    if (e) return e;
+    e = &c->ents[c->nents];
+    e->key = malloc(kl ? kl : 1);
+    if (!e->key) return NULL;
+    memcpy(e->key, k, kl);
+    e->klen = kl;
+    e->h = h;
+    e->col[0] = e->col[1] = e->col[2] = -1;
+    e->prompt = 0;
+    size_t i = (size_t)h & c->mask;
+    while (c->slots[i] >= 0) i = (i + 1) & c->mask;
+    c->slots[i] = (int32_t)c->nents++;
+    return e;
+}
+
+/* make_config(typed: tuple of 3 lists of (key: str, kind: int), prompt_keys: list[str],
+ *             prompt_prefixes: list[str], max_str, max_span_bytes, min_ns, max_ns) */
+static PyObject *make_config(PyObject *self, PyObject *args) {
+    PyObject *typed, *pkeys, *pfx;
+    Py_ssize_t max_str, max_span;
+    unsigned long long min_ns, max_ns;
+    if (!PyArg_ParseTuple(args, "O!O!O!nnKK", &PyTuple_Type, &typed, &PyList_Type, &pkeys, &PyList_Type,
+                          &pfx, &max_str, &max_span, &min_ns, &max_ns))
+        return NULL;
+    if (PyTuple_GET_SIZE(typed) != 3) {
+        PyErr_SetString(PyExc_ValueError, "typed must hold 3 lists");
+        return NULL;
+    }
+    Cfg *c = calloc(1, sizeof(Cfg));
+    if (!c) return PyErr_NoMemory();
+    size_t total = (size_t)PyList_GET_SIZE(pkeys);
+    for (int t = 0; t < 3; t++) {
+        PyObject *l = PyTuple_GET_ITEM(typed, t);
+        if (!PyList_Check(l)) {
+            PyErr_SetString(PyExc_TypeError, "typed lists expected");
+            cfg_free(c);
+            return NULL;
+        }
+        total += (size_t)PyList_GET_SIZE(l);
+    }
+    size_t cap = 16;
+    while (cap < total * 4) cap <<= 1;
+    c->ents = calloc(total + 1, sizeof(KEnt));
+    c->slots = malloc(cap * sizeof(int32_t));
+    if (!c->ents || !c->slots) {
+        cfg_free(c);
+        return PyErr_NoMemory();
+    }
+    memset(c->slots, 0xff, cap * sizeof(int32_t));
+    c->mask = cap - 1;
+    for (int t = 0; t < 3; t++) {
+        PyObject *l = PyTuple_GET_ITEM(typed, t);
+        Py_ssize_t n = PyList_GET_SIZE(l);
+        c->ncols[t] = (int)n;
+        c->types[t] = malloc((n ? n : 1) * sizeof(int));
+        if (!c->types[t]) {
+            cfg_free(c);
+            return PyErr_NoMemory();
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *it = PyList_GET_ITEM(l, i);
+            const char *k;
+            Py_ssize_t kl;
+            int kind;
+            if (!PyArg_ParseTuple(it, "s#i", &k, &kl, &kind)) {
+                cfg_free(c);
+                return NULL;
+            }
+            KEnt *e = cfg_intern(c, (const uint8_t *)k, (size_t)kl);
+            if (!e) {
+                cfg_free(c);
+                return PyErr_NoMemory();
+            }
+            if (e->col[t] < 0) e->col[t] = (int)i; /* first wins; duplicates impossible in a dict */
+            c->types[t][i] = kind;
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pkeys); i++) {
+        Py_ssize_t kl;
+        const char *k = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(pkeys, i), &kl);
+        if (!k) {
+            cfg_free(c);
+            return NULL;
+        }
+        KEnt *e = cfg_intern(c, (const uint8_t *)k, (size_t)kl);
+        if (!e) {
+            cfg_free(c);
+            return PyErr_NoMemory();
+        }
+        e->prompt = 1;
+    }
+    Py_ssize_t np = PyList_GET_SIZE(pfx);
+    c->pfx = calloc(np ? np : 1, sizeof(uint8_t *));
+    c->pfxlen = calloc(np ? np : 1, sizeof(size_t));
+    if (!c->pfx || !c->pfxlen) {
+        cfg_free(c);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < np; i++) {
+        Py_ssize_t kl;
+        const char *k = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(pfx, i), &kl);
+        if (!k) {
+            cfg_free(c);
+            return NULL;
+        }
+        c->pfx[i] = malloc(kl ? kl : 1);
+        if (!c->pfx[i]) {
+            cfg_free(c);
+            return PyErr_NoMemory();
+        }
+        memcpy(c->pfx[i], k, kl);
+        c->pfxlen[i] = (size_t)kl;
+        c->npfx = (int)i + 1;
+    }
+    c->max_str = (size_t)max_str;
+    c->max_span_bytes = (size_t)max_span;
+    c->min_ns = min_ns;
+    c->max_ns = max_ns;
+    PyObject *cap_obj = PyCapsule_New(c, "routeaudit.native.cfg", cfg_capsule_free);
+    if (!cap_obj) cfg_free(c);
+    return cap_obj;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* decoder state                                                                                  */
+/* ------------------------------------------------------------------------------------------- */
+typedef struct {
+    uint8_t *p;
+    size_t len, cap;
+} Buf;
+
+typedef struct {
+    int32_t row;
+    uint8_t kind;
+    int64_t i;
+    double d;
+    const uint8_t *p;
+    size_t len;
+} Cell;
+
+typedef struct {
+    Cell *v;
+    size_t n, cap;
+} CellVec;
+
+typedef struct {
+    int col;
+    int ev;
+    Cell c;
+} Staged;
+
+typedef struct {
+    int kind;
+    size_t n, nulls;
+    Buf valid, data, offs;
+} Col;
+
+typedef struct {
+    uint64_t h;
+    const uint8_t *p;
+    size_t len;
+} KeyH;
+
+typedef struct {
+    const uint8_t *name;
+    size_t namel;
+    uint64_t time;
+    size_t joff, jlen;
+} EvStage;
+
+enum { R_TRACE, R_SPAN, R_PARENT, R_RANGE, R_ORDER, R_SIZE };
+typedef struct {
+    int what;
+    const uint8_t *sid, *name;
+    size_t sidl, namel;
+    uint64_t a, b;
+} Rej;
+
+enum { SC_TRACE, SC_SPAN, SC_PARENT, SC_TSTATE, SC_NAME, SC_KIND, SC_START, SC_END, SC_STATUS,
+       SC_SMSG, SC_FLAGS, SC_SCOPE, SC_SCOPEV, SC_ATTRS, SC_LINKS, SC_EVCOUNT, SC_DROPPED,
+       SC_RECV, SC_RESATTRS, NSC };
+static const int SC_KINDS[NSC] = {T_STR, T_STR, T_STR, T_STR, T_STR, T_STR, T_I64, T_I64, T_STR,
+                                  T_STR, T_I64, T_STR, T_STR, T_STR, T_STR, T_I64, T_I64, T_I64,
+                                  T_STR};
+enum { EC_TRACE, EC_SPAN, EC_IDX, EC_NAME, EC_TIME, EC_ATTRS, NEC };
+static const int EC_KINDS[NEC] = {T_STR, T_STR, T_I64, T_STR, T_I64, T_STR};
+
+typedef struct {
+    jmp_buf jb;
+    const Cfg *cfg;
+    int keep;
+    int64_t received_ns;
+    int64_t truncated, prompts;
+    Col sc[NSC], ec[NEC];
+    CellVec *tc[3];
+    Buf resjson, sjson, ejson, ljson, scratch;
+    Staged *rst, *sst, *est;
+    size_t nrst, caprst, nsst, capsst, nest, capest;
+    EvStage *evs;
+    size_t nev, capev;
+    KeyH *keys;
+    size_t nkeys, capkeys;
+    Rej *rej;
+    size_t nrej, caprej;
+} D;
+
+#define FAIL(d) longjmp((d)->jb, 1)
+
+static void grow(D *d, void **p, size_t *cap, size_t need, size_t elsz) {
+    if (need <= *cap) return;
+    size_t nc = *cap ? *cap * 2 : 16;
+    while (nc < need) nc *= 2;
+    void *np = realloc(*p, nc * elsz);
+    if (!np) FAIL(d);
+    *p = np;
+    *cap = nc;
+}
+#define VPUSH(d, arr, n, cap) (grow((d), (void **)&(arr), &(cap), (n) + 1, sizeof(*(arr))), &(arr)[(n)++])
+
+static inline void reserve(D *d, Buf *b, size_t extra) {
+    if (b->len + extra > b->cap) grow(d, (void **)&b->p, &b->cap, b->len + extra, 1);
+}
+static inline void put(D *d, Buf *b, const void *s, size_t n) {
+    reserve(d, b, n);
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+#define PUTS(d, b, lit) put((d), (b), (lit), sizeof(lit) - 1)
+static inline void putc_(D *d, Buf *b, uint8_t c) {
+    reserve(d, b, 1);
+    b->p[b->len++] = c;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* columns                                                                                        */
+/* ------------------------------------------------------------------------------------------- */
+static void col_init(D *d, Col *c, int kind) {
+    c->kind = kind;
+    if (kind == T_STR) {
+        int32_t z = 0;
+        put(d, &c->offs, &z, 4);
+    }
+}
+static inline void col_bit(D *d, Col *c, int valid) {
+    if ((c->n & 7) == 0) putc_(d, &c->valid, 0);
+    if (valid)
+        c->valid.p[c->n >> 3] |= (uint8_t)(1u << (c->n & 7));
+    else
+        c->nulls++;
+}
+static inline void col_str_end(D *d, Col *c) {
+    if (c->data.len > 0x7fffffffu) FAIL(d);
+    int32_t o = (int32_t)c->data.len;
+    put(d, &c->offs, &o, 4);
+}
+static void col_null(D *d, Col *c) {
+    col_bit(d, c, 0);
+    if (c->kind == T_STR)
+        col_str_end(d, c);
+    else if (c->kind == T_BOOL) {
+        if ((c->n & 7) == 0) putc_(d, &c->data, 0);
+    } else {
+        reserve(d, &c->data, 8);
+        memset(c->data.p + c->data.len, 0, 8);
+        c->data.len += 8;
+    }
+    c->n++;
+}
+static void col_str(D *d, Col *c, const void *s, size_t n) {
+    col_bit(d, c, 1);
+    put(d, &c->data, s, n);
+    col_str_end(d, c);
+    c->n++;
+}
+static void col_hex(D *d, Col *c, const uint8_t *s, size_t n) {
+    static const char hx[] = "0123456789abcdef";
+    col_bit(d, c, 1);
+    reserve(d, &c->data, 2 * n);
+    uint8_t *o = c->data.p + c->data.len;
+    for (size_t i = 0; i < n; i++) {
+        o[2 * i] = (uint8_t)hx[s[i] >> 4];
+        o[2 * i + 1] = (uint8_t)hx[s[i] & 15];
+    }
+    c->data.len += 2 * n;
+    col_str_end(d, c);
+    c->n++;
+}
+static void col_i64(D *d, Col *c, int64_t v) {
+    col_bit(d, c, 1);
+    put(d, &c->data, &v, 8);
+    c->n++;
+}
+static void col_f64(D *d, Col *c, double v) {
+    col_bit(d, c, 1);
+    put(d, &c->data, &v, 8);
+    c->n++;
+}
+static void col_bool(D *d, Col *c, int v) {
+    col_bit(d, c, 1);
+    if ((c->n & 7) == 0) putc_(d, &c->data, 0);
+    if (v) c->data.p[c->n >> 3] |= (uint8_t)(1u << (c->n & 7));
+    c->n++;
+}
+static void col_free(Col *c) {
+    free(c->valid.p);
+    free(c->data.p);
+    free(c->offs.p);
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* wire format                                                                                    */
+/* ------------------------------------------------------------------------------------------- */
+static inline uint64_t rd_varint(D *d, const uint8_t **pp, const uint8_t *end) {
+    const uint8_t *p = *pp;
+    uint64_t v = 0;
+    for (int i = 0; i < 10; i++) {
+        if (p >= end) FAIL(d);
+        uint8_t b = *p++;
+        if (i == 9 && b > 1) FAIL(d);
+        v |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *pp = p;
+            return v;
+        }
+    }
+    FAIL(d);
+    return 0;
+}
+static inline void rd_tag(D *d, const uint8_t **pp, const uint8_t *end, uint32_t *fn, int *wt) {
+    uint64_t k = rd_varint(d, pp, end);
+    if (k >> 32) FAIL(d);
+    *fn = (uint32_t)(k >> 3);
+    *wt = (int)(k & 7);
+    if (*fn == 0) FAIL(d);
+}
+static inline void rd_len(D *d, const uint8_t **pp, const uint8_t *end, const uint8_t **s, size_t *l) {
+    uint64_t n = rd_varint(d, pp, end);
+    if (n > (uint64_t)(end - *pp) || n > 0x7fffffffu) FAIL(d);
+    *s = *pp;
+    *l = (size_t)n;
+    *pp += n;
+}
+static inline uint64_t rd_fixed64(D *d, const uint8_t **pp, const uint8_t *end) {
+    if (end - *pp < 8) FAIL(d);
+    uint64_t v;
+    memcpy(&v, *pp, 8); /* little endian host (x86/arm) */
+    *pp += 8;
+    return v;
+}
+static inline uint32_t rd_fixed32(D *d, const uint8_t **pp, const uint8_t *end) {
+    if (end - *pp < 4) FAIL(d);
+    uint32_t v;
+    memcpy(&v, *pp, 4);
+    *pp += 4;
+    return v;
+}
+static void skip(D *d, const uint8_t **pp, const uint8_t *end, int wt) {
+    const uint8_t *s;
+    size_t l;
+    switch (wt) {
+    case 0: rd_varint(d, pp, end); break;
+    case 1: rd_fixed64(d, pp, end); break;
+    case 2: rd_len(d, pp, end, &s, &l); break;
+    case 5: rd_fixed32(d, pp, end); break;
+    default: FAIL(d); /* groups and invalid wire types: let upb decide */
+    }
+}
+#define EXPECT(d, wt, w) do { if ((wt) != (w)) FAIL(d); } while (0)
+
+/* Strict UTF-8 (as upb and Python); returns the number of code points. */
+static size_t utf8_check(D *d, const uint8_t *s, size_t n) {
+    size_t cp = 0, i = 0;
+    while (i < n) {
+        if (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (!(w & 0x8080808080808080ULL)) {
+                i += 8;
+                cp += 8;
+                continue;
+            }
+        }
+        uint8_t c = s[i];
+        if (c < 0x80) {
+            i++;
+            cp++;
+            continue;
+        }
+        size_t need;
+        uint8_t lo = 0x80, hi = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) need = 1;
+        else if (c == 0xe0) { need = 2; lo = 0xa0; }
+        else if ((c >= 0xe1 && c <= 0xec) || c == 0xee || c == 0xef) need = 2;
+        else if (c == 0xed) { need = 2; hi = 0x9f; }
+        else if (c == 0xf0) { need = 3; lo = 0x90; }
+        else if (c >= 0xf1 && c <= 0xf3) need = 3;
+        else if (c == 0xf4) { need = 3; hi = 0x8f; }
+        else FAIL(d);
+        if (n - i <= need) FAIL(d);
+        if (s[i + 1] < lo || s[i + 1] > hi) FAIL(d);
+        for (size_t k = 2; k <= need; k++)
+            if ((s[i + k] & 0xc0) != 0x80) FAIL(d);
+        i += need + 1;
+        cp++;
+    }
+    return cp;
+}
+/* Byte length of the first ncp code points of valid UTF-8. */
+static size_t utf8_prefix(const uint8_t *s, size_t n, size_t ncp) {
+    size_t i = 0, cp = 0;
+    while (i < n) {
+        if ((s[i] & 0xc0) != 0x80) {
+            if (cp == ncp) return i;
+            cp++;
+        }
+        i++;
+    }
+    return n;
+}
+static size_t utf8_count(const uint8_t *s, size_t n) {
+    size_t cp = 0;
+    for (size_t i = 0; i < n; i++) cp += (s[i] & 0xc0) != 0x80;
+    return cp;
+}
+
+/* Generic validation of sub-messages the decoder does not read (upb checks them all). */
+static void validate(D *d, int m, const uint8_t *p, const uint8_t *end, int depth) {
+    if (depth > 48) FAIL(d);
+    while (p < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &p, end, &fn, &wt);
+        int exp = -1, sub = -1, str = 0;
+        switch (m) {
+        case M_KV:
+            if (fn == 1) { exp = 2; str = 1; }
+            else if (fn == 2) { exp = 2; sub = M_ANY; }
+            else if (fn == 3) exp = 0;
+            break;
+        case M_ANY:
+            if (fn == 1) { exp = 2; str = 1; }
+            else if (fn == 2 || fn == 3 || fn == 8) exp = 0;
+            else if (fn == 4) exp = 1;
+            else if (fn == 5) { exp = 2; sub = M_ARR; }
+            else if (fn == 6) { exp = 2; sub = M_KVL; }
+            else if (fn == 7) exp = 2;
+            break;
+        case M_ARR:
+            if (fn == 1) { exp = 2; sub = M_ANY; }
+            break;
+        case M_KVL:
+            if (fn == 1) { exp = 2; sub = M_KV; }
+            break;
+        case M_ENTREF:
+            if (fn >= 1 && fn <= 4) { exp = 2; str = 1; }
+            break;
+        case M_EVENT:
+            if (fn == 1) exp = 1;
+            else if (fn == 2) { exp = 2; str = 1; }
+            else if (fn == 3) { exp = 2; sub = M_KV; }
+            else if (fn == 4) exp = 0;
+            break;
+        case M_LINK:
+            if (fn == 1 || fn == 2) exp = 2;
+            else if (fn == 3) { exp = 2; str = 1; }
+            else if (fn == 4) { exp = 2; sub = M_KV; }
+            else if (fn == 5) exp = 0;
+            else if (fn == 6) exp = 5;
+            break;
+        }
+        if (exp < 0) {
+            skip(d, &p, end, wt);
+            continue;
+        }
+        EXPECT(d, wt, exp);
+        if (wt == 2) {
+            const uint8_t *s;
+            size_t l;
+            rd_len(d, &p, end, &s, &l);
+            if (str) utf8_check(d, s, l);
+            if (sub >= 0) validate(d, sub, s, s + l, depth + 1);
+        } else {
+            skip(d, &p, end, wt);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* JSON                                                                                           */
+/* ------------------------------------------------------------------------------------------- */
+static const char HX[] = "0123456789abcdef";
+
+static inline uint8_t *esc_u(uint8_t *o, unsigned v) {
+    *o++ = '\\';
+    *o++ = 'u';
+    *o++ = (uint8_t)HX[(v >> 12) & 15];
+    *o++ = (uint8_t)HX[(v >> 8) & 15];
+    *o++ = (uint8_t)HX[(v >> 4) & 15];
+    *o++ = (uint8_t)HX[v & 15];
+    return o;
+}
+
+/* A JSON string as json.JSONEncoder writes it (ensure_ascii as given); s is valid UTF-8. */
+static void emit_str(D *d, Buf *b, const uint8_t *s, size_t n, int ascii) {
+    reserve(d, b, 6 * n + 2);
+    uint8_t *o = b->p + b->len;
+    *o++ = '"';
+    size_t i = 0;
+    while (i < n) {
+        if (i + 8 <= n) { /* 8 bytes at a time while none needs escaping */
+            const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+            uint64_t x;
+            memcpy(&x, s + i, 8);
+            uint64_t q = x ^ (ones * 0x22), e = x ^ (ones * 0x5c);
+            uint64_t r = ((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((e - ones) & ~e);
+            if (ascii) {
+                uint64_t f = x ^ (ones * 0x7f);
+                r |= ((f - ones) & ~f) | x;
+            }
+            if (!(r & high)) {
+                memcpy(o, &x, 8);
+                o += 8;
+                i += 8;
+                continue;
+            }
+        }
+        uint8_t c = s[i];
+        if (c >= 0x20 && c != '"' && c != '\\' && c < 0x7f) {
+            *o++ = c;
+            i++;
+            continue;
+        }
+        if (c >= 0x7f) {
+            if (!ascii) {
+                *o++ = c;
+                i++;
+                continue;
+            }
+            unsigned cp;
+            if (c == 0x7f) { cp = c; i += 1; }
+            else if (c < 0xe0) { cp = ((c & 0x1fu) << 6) | (s[i + 1] & 0x3fu); i += 2; }
+            else if (c < 0xf0) { cp = ((c & 0x0fu) << 12) | ((s[i + 1] & 0x3fu) << 6) | (s[i + 2] & 0x3fu); i += 3; }
+            else {
+                cp = ((c & 0x07u) << 18) | ((s[i + 1] & 0x3fu) << 12) | ((s[i + 2] & 0x3fu) << 6) |
+                     (s[i + 3] & 0x3fu);
+                i += 4;
+            }
+            if (cp >= 0x10000) {
+                unsigned v = cp - 0x10000;
+                o = esc_u(o, 0xd800 | ((v >> 10) & 0x3ff));
+                o = esc_u(o, 0xdc00 | (v & 0x3ff));
+            } else {
+                o = esc_u(o, cp);
+            }
+            continue;
+        }
+        i++;
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\r': *o++ = 'r'; break;
+        case '\t': *o++ = 't'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\f': *o++ = 'f'; break;
+        default:
+            o--;
+            o = esc_u(o, c);
+        }
+    }
+    *o++ = '"';
+    b->len = (size_t)(o - b->p);
+}
+
+static void emit_i64(D *d, Buf *b, int64_t v) {
+    char tmp[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    reserve(d, b, (size_t)n + 1);
+    if (v < 0) b->p[b->len++] = '-';
+    while (n) b->p[b->len++] = (uint8_t)tmp[--n];
+}
+
+static void emit_f64(D *d, Buf *b, double v) {
+    char *s = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (!s) {
+        PyErr_Clear();
+        FAIL(d);
+    }
+    size_t n = strlen(s);
+    reserve(d, b, n);
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    PyMem_Free(s);
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* attribute lists                                                                                */
+/* ------------------------------------------------------------------------------------------- */
+typedef struct {
+    Buf *out;
+    int ascii;
+    int ctx;
+    int ev;
+    int count;
+} AL;
+
+static void stage(D *d, int ctx, int col, int ev, const Cell *c) {
+    Staged *s;
+    if (ctx == CTX_SPAN) s = VPUSH(d, d->sst, d->nsst, d->capsst);
+    else if (ctx == CTX_RES) s = VPUSH(d, d->rst, d->nrst, d->caprst);
+    else s = VPUSH(d, d->est, d->nest, d->capest);
+    s->col = col;
+    s->ev = ev;
+    s->c = *c;
+}
+
+/* The oneof member of one AnyValue (0: none). Scalars and (unless in_array) arrays. */
+static int any_parse(D *d, const uint8_t *p, const uint8_t *end, int in_array, const uint8_t **sp,
+                     size_t *lp, uint64_t *ivp) {
+    int which = 0;
+    while (p < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &p, end, &fn, &wt);
+        if (fn >= 1 && fn <= 8 && which) FAIL(d); /* two members of the oneof: rare, let upb merge */
+        switch (fn) {
+        case 1: EXPECT(d, wt, 2); rd_len(d, &p, end, sp, lp); which = 1; break;
+        case 2: EXPECT(d, wt, 0); *ivp = rd_varint(d, &p, end); which = 2; break;
+        case 3: EXPECT(d, wt, 0); *ivp = rd_varint(d, &p, end); which = 3; break;
+        case 4: EXPECT(d, wt, 1); *ivp = rd_fixed64(d, &p, end); which = 4; break;
+        case 5:
+            if (in_array) FAIL(d);
+            EXPECT(d, wt, 2);
+            rd_len(d, &p, end, sp, lp);
+            which = 5;
+            break;
+        case 6: case 7: case 8: FAIL(d); break;
+        default: skip(d, &p, end, wt);
+        }
+    }
+    return which;
+}
+
+/* One element of an already validated ArrayValue as a Cell (no JSON, no counting). */
+static void elem_cell(D *d, const uint8_t *p, const uint8_t *end, Cell *c) {
+    const uint8_t *s = NULL;
+    size_t l = 0;
+    uint64_t iv = 0;
+    int which = any_parse(d, p, end, 1, &s, &l, &iv);
+    memset(c, 0, sizeof *c);
+    switch (which) {
+    case 1:
+        if (utf8_count(s, l) > d->cfg->max_str) l = utf8_prefix(s, l, d->cfg->max_str);
+        c->kind = V_STR;
+        c->p = s;
+        c->len = l;
+        break;
+    case 2: c->kind = V_BOOL; c->i = iv != 0; break;
+    case 3: c->kind = V_INT; c->i = (int64_t)iv; break;
+    case 4: {
+        double v;
+        memcpy(&v, &iv, 8);
+        if (isfinite(v)) {
+            c->kind = V_DBL;
+            c->d = v;
+        }
+        break;
+    }
+    }
+}
+
+/* One AnyValue: JSON into out, the value into *c. Scalars and (top level) arrays of scalars. */
+static void any_value(D *d, Buf *out, int ascii, const uint8_t *p, const uint8_t *end, Cell *c,
+                      int in_array) {
+    const uint8_t *s = NULL;
+    size_t l = 0;
+    uint64_t iv = 0;
+    int which = any_parse(d, p, end, in_array, &s, &l, &iv);
+    c->kind = V_NONE;
+    switch (which) {
+    case 0: PUTS(d, out, "null"); break;
+    case 1: {
+        size_t cp = utf8_check(d, s, l);
+        if (cp > d->cfg->max_str) {
+            d->truncated++;
+            l = utf8_prefix(s, l, d->cfg->max_str);
+        }
+        emit_str(d, out, s, l, ascii);
+        c->kind = V_STR;
+        c->p = s;
+        c->len = l;
+        break;
+    }
+    case 2:
+        if (iv) PUTS(d, out, "true");
+        else PUTS(d, out, "false");
+        c->kind = V_BOOL;
+        c->i = iv != 0;
+        break;
+    case 3:
+        emit_i64(d, out, (int64_t)iv);
+        c->kind = V_INT;
+        c->i = (int64_t)iv;
+        break;
+    case 4: {
+        double v;
+        memcpy(&v, &iv, 8);
+        if (isfinite(v)) {
+            emit_f64(d, out, v);
+            c->kind = V_DBL;
+            c->d = v;
+        } else {
+            PUTS(d, out, "null");
+        }
+        break;
+    }
+    case 5: {
+        const uint8_t *q = s, *qe = s + l;
+        int first = 1;
+        putc_(d, out, '[');
+        while (q < qe) {
+            uint32_t fn;
+            int wt;
+            rd_tag(d, &q, qe, &fn, &wt);
+            if (fn != 1) {
+                skip(d, &q, qe, wt);
+                continue;
+            }
+            EXPECT(d, wt, 2);
+            const uint8_t *es;
+            size_t el;
+            rd_len(d, &q, qe, &es, &el);
+            if (!first) PUTS(d, out, ", ");
+            first = 0;
+            Cell tmp;
+            any_value(d, out, ascii, es, es + el, &tmp, 1);
+        }
+        putc_(d, out, ']');
+        c->kind = V_ARR;
+        c->p = s;
+        c->len = l;
+        break;
+    }
+    }
+}
+
+static void al_begin(D *d, AL *al, Buf *out, int ascii, int ctx, int ev) {
+    al->out = out;
+    al->ascii = ascii;
+    al->ctx = ctx;
+    al->ev = ev;
+    al->count = 0;
+    d->nkeys = 0;
+}
+static void al_end(D *d, AL *al) {
+    if (al->count) putc_(d, al->out, '}');
+    else PUTS(d, al->out, "{}");
+}
+
+static int is_prompt(const Cfg *cfg, const KEnt *e, const uint8_t *k, size_t kl) {
+    if (e && e->prompt) return 1;
+    for (int i = 0; i < cfg->npfx; i++)
+        if (kl >= cfg->pfxlen[i] && memcmp(k, cfg->pfx[i], cfg->pfxlen[i]) == 0) return 1;
+    return 0;
+}
+
+/* One KeyValue message of an attribute list. */
+static void al_kv(D *d, AL *al, const uint8_t *p, const uint8_t *end) {
+    const uint8_t *k = (const uint8_t *)"", *v = NULL;
+    size_t kl = 0, vl = 0;
+    int have_v = 0;
+    while (p < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &p, end, &fn, &wt);
+        switch (fn) {
+        case 1: EXPECT(d, wt, 2); rd_len(d, &p, end, &k, &kl); utf8_check(d, k, kl); break;
+        case 2:
+            EXPECT(d, wt, 2);
+            if (have_v) FAIL(d); /* repeated singular message: upb merges */
+            rd_len(d, &p, end, &v, &vl);
+            have_v = 1;
+            break;
+        case 3: EXPECT(d, wt, 0); rd_varint(d, &p, end); break;
+        default: skip(d, &p, end, wt);
+        }
+    }
+    const Cfg *cfg = d->cfg;
+    uint64_t h = fnv(k, kl);
+    KEnt *e = cfg_lookup(cfg, h, k, kl);
+    if (!d->keep && is_prompt(cfg, e, k, kl)) {
+        d->prompts++;
+        if (have_v) validate(d, M_ANY, v, v + vl, 1);
+        return;
+    }
+    for (size_t i = 0; i < d->nkeys; i++)
+        if (d->keys[i].h == h && d->keys[i].len == kl && memcmp(d->keys[i].p, k, kl) == 0) FAIL(d);
+    if (d->nkeys >= 1024) FAIL(d);
+    KeyH *kh = VPUSH(d, d->keys, d->nkeys, d->capkeys);
+    kh->h = h;
+    kh->p = k;
+    kh->len = kl;
+    if (al->count++) PUTS(d, al->out, ", ");
+    else putc_(d, al->out, '{');
+    emit_str(d, al->out, k, kl, al->ascii);
+    PUTS(d, al->out, ": ");
+    Cell c;
+    memset(&c, 0, sizeof c);
+    if (have_v) any_value(d, al->out, al->ascii, v, v + vl, &c, 0);
+    else PUTS(d, al->out, "null");
+    if (e && al->ctx < 3 && e->col[al->ctx] >= 0) stage(d, al->ctx, e->col[al->ctx], al->ev, &c);
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* spans                                                                                          */
+/* ------------------------------------------------------------------------------------------- */
+static const char *KINDS[] = {"unspecified", "internal", "server", "client", "producer", "consumer"};
+static const char *STATUSES[] = {"unset", "ok", "error"};
+
+typedef struct {
+    const uint8_t *tid, *sid, *pid, *ts, *name, *smsg;
+    size_t tidl, sidl, pidl, tsl, namel, smsgl;
+    uint64_t start, end;
+    int32_t kind, code;
+    uint32_t flags, dropped;
+    int has_status;
+} SpanHdr;
+
+static int all_zero(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i]) return 0;
+    return 1;
+}
+
+static void push_cell(D *d, int ctx, int col, int32_t row, const Cell *c) {
+    CellVec *cv = &d->tc[ctx][col];
+    Cell *dst = VPUSH(d, cv->v, cv->n, cv->cap);
+    *dst = *c;
+    dst->row = row;
+}
+
+static void link_json(D *d, const uint8_t *p, const uint8_t *end) {
+    const uint8_t *tid = NULL, *sid = NULL, *ts = NULL, *s;
+    size_t tidl = 0, sidl = 0, tsl = 0, l;
+    const uint8_t *q = p;
+    while (q < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &q, end, &fn, &wt);
+        switch (fn) {
+        case 1: EXPECT(d, wt, 2); rd_len(d, &q, end, &tid, &tidl); break;
+        case 2: EXPECT(d, wt, 2); rd_len(d, &q, end, &sid, &sidl); break;
+        case 3: EXPECT(d, wt, 2); rd_len(d, &q, end, &ts, &tsl); utf8_check(d, ts, tsl); break;
+        case 4: EXPECT(d, wt, 2); rd_len(d, &q, end, &s, &l); break;
+        case 5: EXPECT(d, wt, 0); rd_varint(d, &q, end); break;
+        case 6: EXPECT(d, wt, 5); rd_fixed32(d, &q, end); break;
+        default: skip(d, &q, end, wt);
+        }
+    }
+    Buf *b = &d->ljson;
+    PUTS(d, b, "{\"trace_id\": \"");
+    reserve(d, b, 2 * tidl + 2 * sidl + 64);
+    for (size_t i = 0; i < tidl; i++) {
+        b->p[b->len++] = (uint8_t)HX[tid[i] >> 4];
+        b->p[b->len++] = (uint8_t)HX[tid[i] & 15];
+    }
+    PUTS(d, b, "\", \"span_id\": \"");
+    reserve(d, b, 2 * sidl + 64);
+    for (size_t i = 0; i < sidl; i++) {
+        b->p[b->len++] = (uint8_t)HX[sid[i] >> 4];
+        b->p[b->len++] = (uint8_t)HX[sid[i] & 15];
+    }
+    PUTS(d, b, "\", \"trace_state\": ");
+    if (tsl) emit_str(d, b, ts, tsl, 1);
+    else PUTS(d, b, "null");
+    PUTS(d, b, ", \"attributes\": ");
+    AL al;
+    al_begin(d, &al, b, 1, CTX_LINK, 0);
+    q = p;
+    while (q < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &q, end, &fn, &wt);
+        if (fn == 4) {
+            rd_len(d, &q, end, &s, &l);
+            al_kv(d, &al, s, s + l);
+        } else {
+            skip(d, &q, end, wt);
+        }
+    }
+    al_end(d, &al);
+    putc_(d, b, '}');
+}
+
+static void span(D *d, const uint8_t *p, const uint8_t *end, const uint8_t *scope, size_t scopel,
+                 const uint8_t *scopev, size_t scopevl) {
+    const Cfg *cfg = d->cfg;
+    SpanHdr h;
+    memset(&h, 0, sizeof h);
+    const uint8_t *q = p, *s;
+    size_t l;
+    while (q < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &q, end, &fn, &wt);
+        switch (fn) {
+        case 1: EXPECT(d, wt, 2); rd_len(d, &q, end, &h.tid, &h.tidl); break;
+        case 2: EXPECT(d, wt, 2); rd_len(d, &q, end, &h.sid, &h.sidl); break;
+        case 3: EXPECT(d, wt, 2); rd_len(d, &q, end, &h.ts, &h.tsl); utf8_check(d, h.ts, h.tsl); break;
+        case 4: EXPECT(d, wt, 2); rd_len(d, &q, end, &h.pid, &h.pidl); break;
+        case 5: EXPECT(d, wt, 2); rd_len(d, &q, end, &h.name, &h.namel); utf8_check(d, h.name, h.namel); break;
+        case 6: EXPECT(d, wt, 0); h.kind = (int32_t)(uint32_t)rd_varint(d, &q, end); break;
+        case 7: EXPECT(d, wt, 1); h.start = rd_fixed64(d, &q, end); break;
+        case 8: EXPECT(d, wt, 1); h.end = rd_fixed64(d, &q, end); break;
+        case 9: case 11: case 13: EXPECT(d, wt, 2); rd_len(d, &q, end, &s, &l); break;
+        case 10: EXPECT(d, wt, 0); h.dropped = (uint32_t)rd_varint(d, &q, end); break;
+        case 12: case 14: EXPECT(d, wt, 0); rd_varint(d, &q, end); break;
+        case 15: {
+            EXPECT(d, wt, 2);
+            if (h.has_status) FAIL(d);
+            h.has_status = 1;
+            rd_len(d, &q, end, &s, &l);
+            const uint8_t *r = s, *re = s + l;
+            while (r < re) {
+                uint32_t f2;
+                int w2;
+                rd_tag(d, &r, re, &f2, &w2);
+                if (f2 == 2) {
+                    EXPECT(d, w2, 2);
+                    rd_len(d, &r, re, &h.smsg, &h.smsgl);
+                    utf8_check(d, h.smsg, h.smsgl);
+                } else if (f2 == 3) {
+                    EXPECT(d, w2, 0);
+                    h.code = (int32_t)(uint32_t)rd_varint(d, &r, re);
+                } else {
+                    skip(d, &r, re, w2);
+                }
+            }
+            break;
+        }
+        case 16: EXPECT(d, wt, 5); h.flags = rd_fixed32(d, &q, end); break;
+        default: skip(d, &q, end, wt);
+        }
+    }
+    int problem = -1;
+    if (h.tidl != 16 || all_zero(h.tid, h.tidl)) problem = R_TRACE;
+    else if (h.sidl != 8 || all_zero(h.sid, h.sidl)) problem = R_SPAN;
+    else if (h.pidl && h.pidl != 8) problem = R_PARENT;
+    else if (!(cfg->min_ns <= h.start && h.start <= cfg->max_ns && cfg->min_ns <= h.end && h.end <= cfg->max_ns))
+        problem = R_RANGE;
+    else if (h.end < h.start) problem = R_ORDER;
+    if (problem >= 0) {
+        /* not decoded (as in Python), but upb validates it all */
+        q = p;
+        while (q < end) {
+            uint32_t fn;
+            int wt;
+            rd_tag(d, &q, end, &fn, &wt);
+            if (fn == 9 || fn == 11 || fn == 13) {
+                rd_len(d, &q, end, &s, &l);
+                validate(d, fn == 9 ? M_KV : fn == 11 ? M_EVENT : M_LINK, s, s + l, 1);
+            } else {
+                skip(d, &q, end, wt);
+            }
+        }
+        Rej *r = VPUSH(d, d->rej, d->nrej, d->caprej);
+        r->what = problem;
+        r->sid = h.sid;
+        r->sidl = h.sidl;
+        r->name = h.name;
+        r->namel = h.namel;
+        r->a = problem == R_TRACE ? h.tidl : problem == R_SPAN ? h.sidl : problem == R_PARENT ? h.pidl : h.start;
+        r->b = h.end;
+        return;
+    }
+    /* attributes */
+    d->sjson.len = 0;
+    d->ejson.len = 0;
+    d->ljson.len = 0;
+    d->nsst = d->nest = d->nev = 0;
+    AL al;
+    al_begin(d, &al, &d->sjson, 0, CTX_SPAN, 0);
+    q = p;
+    while (q < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &q, end, &fn, &wt);
+        if (fn == 9) {
+            rd_len(d, &q, end, &s, &l);
+            al_kv(d, &al, s, s + l);
+        } else {
+            skip(d, &q, end, wt);
+        }
+    }
+    al_end(d, &al);
+    /* events */
+    size_t nlinks = 0;
+    q = p;
+    while (q < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &q, end, &fn, &wt);
+        if (fn == 11) {
+            rd_len(d, &q, end, &s, &l);
+            EvStage *ev = VPUSH(d, d->evs, d->nev, d->capev);
+            memset(ev, 0, sizeof *ev);
+            ev->joff = d->ejson.len;
+            ev->name = (const uint8_t *)"";
+            al_begin(d, &al, &d->ejson, 0, CTX_EV, (int)(d->nev - 1));
+            const uint8_t *r = s, *re = s + l, *s2;
+            size_t l2;
+            while (r < re) {
+                uint32_t f2;
+                int w2;
+                rd_tag(d, &r, re, &f2, &w2);
+                switch (f2) {
+                case 1: EXPECT(d, w2, 1); ev->time = rd_fixed64(d, &r, re); break;
+                case 2: EXPECT(d, w2, 2); rd_len(d, &r, re, &ev->name, &ev->namel); utf8_check(d, ev->name, ev->namel); break;
+                case 3: EXPECT(d, w2, 2); rd_len(d, &r, re, &s2, &l2); al_kv(d, &al, s2, s2 + l2); break;
+                case 4: EXPECT(d, w2, 0); rd_varint(d, &r, re); break;
+                default: skip(d, &r, re, w2);
+                }
+            }
+            /* al_kv may have grown evs: re-fetch the pointer */
+            ev = &d->evs[d->nev - 1];
+            al_end(d, &al);
+            ev->jlen = d->ejson.len - ev->joff;
+        } else if (fn == 13) {
+            rd_len(d, &q, end, &s, &l);
+            if (nlinks++) PUTS(d, &d->ljson, ", ");
+            else putc_(d, &d->ljson, '[');
+            link_json(d, s, s + l);
+        } else {
+            skip(d, &q, end, wt);
+        }
+    }
+    if (nlinks) putc_(d, &d->ljson, ']');
+    size_t size = d->sjson.len + d->ejson.len;
+    if (size > cfg->max_span_bytes) {
+        size = utf8_count(d->sjson.p, d->sjson.len) + utf8_count(d->ejson.p, d->ejson.len);
+        if (size > cfg->max_span_bytes) {
+            Rej *r = VPUSH(d, d->rej, d->nrej, d->caprej);
+            r->what = R_SIZE;
+            r->sid = h.sid;
+            r->sidl = h.sidl;
+            r->name = h.name;
+            r->namel = h.namel;
+            r->a = size;
+            return;
+        }
+    }
+    /* accepted: commit */
+    Col *c = d->sc;
+    int32_t row = (int32_t)c[SC_TRACE].n;
+    col_hex(d, &c[SC_TRACE], h.tid, 16);
+    col_hex(d, &c[SC_SPAN], h.sid, 8);
+    if (h.pidl && !all_zero(h.pid, h.pidl)) col_hex(d, &c[SC_PARENT], h.pid, h.pidl);
+    else col_null(d, &c[SC_PARENT]);
+    if (h.tsl) col_str(d, &c[SC_TSTATE], h.ts, h.tsl);
+    else col_null(d, &c[SC_TSTATE]);
+    col_str(d, &c[SC_NAME], h.name, h.namel);
+    const char *k = (h.kind >= 0 && h.kind < 6) ? KINDS[h.kind] : "unspecified";
+    col_str(d, &c[SC_KIND], k, strlen(k));
+    col_i64(d, &c[SC_START], (int64_t)h.start);
+    col_i64(d, &c[SC_END], (int64_t)h.end);
+    k = (h.code >= 0 && h.code < 3) ? STATUSES[h.code] : "unset";
+    col_str(d, &c[SC_STATUS], k, strlen(k));
+    if (h.smsgl) col_str(d, &c[SC_SMSG], h.smsg, h.smsgl);
+    else col_null(d, &c[SC_SMSG]);
+    col_i64(d, &c[SC_FLAGS], (int64_t)h.flags);
+    if (scopel) col_str(d, &c[SC_SCOPE], scope, scopel);
+    else col_null(d, &c[SC_SCOPE]);
+    if (scopevl) col_str(d, &c[SC_SCOPEV], scopev, scopevl);
+    else col_null(d, &c[SC_SCOPEV]);
+    col_str(d, &c[SC_ATTRS], d->sjson.p, d->sjson.len);
+    if (nlinks) col_str(d, &c[SC_LINKS], d->ljson.p, d->ljson.len);
+    else col_null(d, &c[SC_LINKS]);
+    col_i64(d, &c[SC_EVCOUNT], (int64_t)d->nev);
+    col_i64(d, &c[SC_DROPPED], (int64_t)h.dropped);
+    col_i64(d, &c[SC_RECV], d->received_ns);
+    col_str(d, &c[SC_RESATTRS], d->resjson.p, d->resjson.len);
+    for (size_t i = 0; i < d->nsst; i++) push_cell(d, CTX_SPAN, d->sst[i].col, row, &d->sst[i].c);
+    for (size_t i = 0; i < d->nrst; i++) push_cell(d, CTX_RES, d->rst[i].col, row, &d->rst[i].c);
+    Col *e = d->ec;
+    int32_t ev0 = (int32_t)e[EC_TRACE].n;
+    for (size_t i = 0; i < d->nev; i++) {
+        EvStage *ev = &d->evs[i];
+        col_hex(d, &e[EC_TRACE], h.tid, 16);
+        col_hex(d, &e[EC_SPAN], h.sid, 8);
+        col_i64(d, &e[EC_IDX], (int64_t)i);
+        col_str(d, &e[EC_NAME], ev->name, ev->namel);
+        uint64_t t = (cfg->min_ns <= ev->time && ev->time <= cfg->max_ns) ? ev->time : h.start;
+        col_i64(d, &e[EC_TIME], (int64_t)t);
+        col_str(d, &e[EC_ATTRS], d->ejson.p + ev->joff, ev->jlen);
+    }
+    for (size_t i = 0; i < d->nest; i++) push_cell(d, CTX_EV, d->est[i].col, ev0 + d->est[i].ev, &d->est[i].c);
+}
+
+static void resource_attrs(D *d, const uint8_t *p, const uint8_t *end) {
+    AL al;
+    al_begin(d, &al, &d->resjson, 0, CTX_RES, 0);
+    while (p < end) {
+        uint32_t fn;
+        int wt;
+        const uint8_t *s;
+        size_t l;
+        rd_tag(d, &p, end, &fn, &wt);
+        switch (fn) {
+        case 1: EXPECT(d, wt, 2); rd_len(d, &p, end, &s, &l); al_kv(d, &al, s, s + l); break;
+        case 2: EXPECT(d, wt, 0); rd_varint(d, &p, end); break;
+        case 3: EXPECT(d, wt, 2); rd_len(d, &p, end, &s, &l); validate(d, M_ENTREF, s, s + l, 1); break;
+        default: skip(d, &p, end, wt);
+        }
+    }
+    al_end(d, &al);
+}
+
+static void scope_spans(D *d, const uint8_t *p, const uint8_t *end) {
+    const uint8_t *q = p, *s, *scope = NULL;
+    size_t l, scopel = 0;
+    int have_scope = 0;
+    while (q < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &q, end, &fn, &wt);
+        switch (fn) {
+        case 1:
+            EXPECT(d, wt, 2);
+            if (have_scope) FAIL(d);
+            have_scope = 1;
+            rd_len(d, &q, end, &scope, &scopel);
+            break;
+        case 2: EXPECT(d, wt, 2); rd_len(d, &q, end, &s, &l); break;
+        case 3: EXPECT(d, wt, 2); rd_len(d, &q, end, &s, &l); utf8_check(d, s, l); break;
+        default: skip(d, &q, end, wt);
+        }
+    }
+    const uint8_t *name = NULL, *ver = NULL;
+    size_t namel = 0, verl = 0;
+    if (have_scope) {
+        const uint8_t *r = scope, *re = scope + scopel;
+        while (r < re) {
+            uint32_t fn;
+            int wt;
+            rd_tag(d, &r, re, &fn, &wt);
+            switch (fn) {
+            case 1: EXPECT(d, wt, 2); rd_len(d, &r, re, &name, &namel); utf8_check(d, name, namel); break;
+            case 2: EXPECT(d, wt, 2); rd_len(d, &r, re, &ver, &verl); utf8_check(d, ver, verl); break;
+            case 3: EXPECT(d, wt, 2); rd_len(d, &r, re, &s, &l); validate(d, M_KV, s, s + l, 1); break;
+            case 4: EXPECT(d, wt, 0); rd_varint(d, &r, re); break;
+            default: skip(d, &r, re, wt);
+            }
+        }
+    }
+    q = p;
+    while (q < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &q, end, &fn, &wt);
+        if (fn == 2) {
+            rd_len(d, &q, end, &s, &l);
+            span(d, s, s + l, name, namel, ver, verl);
+        } else {
+            skip(d, &q, end, wt);
+        }
+    }
+}
+
+static void resource_spans(D *d, const uint8_t *p, const uint8_t *end) {
+    const uint8_t *q = p, *s, *res = NULL;
+    size_t l, resl = 0;
+    int have_res = 0;
+    while (q < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &q, end, &fn, &wt);
+        switch (fn) {
+        case 1:
+            EXPECT(d, wt, 2);
+            if (have_res) FAIL(d);
+            have_res = 1;
+            rd_len(d, &q, end, &res, &resl);
+            break;
+        case 2: EXPECT(d, wt, 2); rd_len(d, &q, end, &s, &l); break;
+        case 3: EXPECT(d, wt, 2); rd_len(d, &q, end, &s, &l); utf8_check(d, s, l); break;
+        default: skip(d, &q, end, wt);
+        }
+    }
+    d->resjson.len = 0;
+    d->nrst = 0;
+    resource_attrs(d, res, res + resl);
+    q = p;
+    while (q < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &q, end, &fn, &wt);
+        if (fn == 2) {
+            rd_len(d, &q, end, &s, &l);
+            scope_spans(d, s, s + l);
+        } else {
+            skip(d, &q, end, wt);
+        }
+    }
+}
+
+static void request(D *d, const uint8_t *p, const uint8_t *end) {
+    while (p < end) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, &p, end, &fn, &wt);
+        if (fn == 1) {
+            const uint8_t *s;
+            size_t l;
+            EXPECT(d, wt, 2);
+            rd_len(d, &p, end, &s, &l);
+            resource_spans(d, s, s + l);
+        } else {
+            skip(d, &p, end, wt);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* output                                                                                         */
+/* ------------------------------------------------------------------------------------------- */
+static PyObject *bytes_of(Buf *b) { return PyBytes_FromStringAndSize((const char *)b->p, (Py_ssize_t)b->len); }
+
+/* (kind, n, null_count, validity|None, data, offsets|None); all-null: (kind, n, n, None, None, None) */
+static PyObject *col_py(Col *c) {
+    if (c->n && c->nulls == c->n)
+        return Py_BuildValue("(innOOO)", c->kind, (Py_ssize_t)c->n, (Py_ssize_t)c->n, Py_None, Py_None, Py_None);
+    PyObject *valid = c->nulls ? bytes_of(&c->valid) : (Py_INCREF(Py_None), Py_None);
+    PyObject *data = bytes_of(&c->data);
+    PyObject *offs = c->kind == T_STR ? bytes_of(&c->offs) : (Py_INCREF(Py_None), Py_None);
+    PyObject *out = NULL;
+    if (valid && data && offs)
+        out = Py_BuildValue("(innOOO)", c->kind, (Py_ssize_t)c->n, (Py_ssize_t)c->nulls, valid, data, offs);
+    Py_XDECREF(valid);
+    Py_XDECREF(data);
+    Py_XDECREF(offs);
+    return out;
+}
+
+static PyObject *cell_py(D *d, const Cell *c) {
+    switch (c->kind) {
+    case V_STR: return PyUnicode_DecodeUTF8((const char *)c->p, (Py_ssize_t)c->len, NULL);
+    case V_INT: return PyLong_FromLongLong(c->i);
+    case V_DBL: return PyFloat_FromDouble(c->d);
+    case V_BOOL: return PyBool_FromLong((long)c->i);
+    case V_ARR: {
+        PyObject *list = PyList_New(0);
+        if (!list) return NULL;
+        const uint8_t *q = c->p, *qe = c->p + c->len;
+        if (setjmp(d->jb)) { /* cannot happen: validated before */
+            Py_DECREF(list);
+            PyErr_SetString(PyExc_RuntimeError, "native decoder: array re-read failed");
+            return NULL;
+        }
+        while (q < qe) {
+            uint32_t fn;
+            int wt;
+            rd_tag(d, &q, qe, &fn, &wt);
+            if (fn != 1) {
+                skip(d, &q, qe, wt);
+                continue;
+            }
+            const uint8_t *es;
+            size_t el;
+            rd_len(d, &q, qe, &es, &el);
+            Cell x;
+            elem_cell(d, es, es + el, &x);
+            PyObject *item = x.kind == V_NONE ? (Py_INCREF(Py_None), Py_None) : cell_py(d, &x);
+            if (!item || PyList_Append(list, item) < 0) {
+                Py_XDECREF(item);
+                Py_DECREF(list);
+                return NULL;
+            }
+            Py_DECREF(item);
+        }
+        return list;
+    }
+    default: Py_RETURN_NONE;
+    }
+}
+
+static int native_ok(int type, int vkind) {
+    if (vkind == V_NONE) return 1;
+    switch (type) {
+    case T_STR: case T_LSTR: return vkind == V_STR;
+    case T_I64: case T_LI64: return vkind == V_INT || vkind == V_DBL || vkind == V_BOOL;
+    case T_F64: case T_LF64: return vkind == V_DBL || vkind == V_INT;
+    case T_BOOL: return vkind == V_BOOL || vkind == V_INT;
+    default: return 0;
+    }
+}
+
+/* One value into a scalar column, converted as _coerce does (native_ok(type, c->kind) holds). */
+static void col_value(D *d, Col *col, int type, const Cell *c) {
+    if (c->kind == V_NONE) {
+        col_null(d, col);
+        return;
+    }
+    switch (type) {
+    case T_STR: col_str(d, col, c->p, c->len); break;
+    case T_I64:
+        if (c->kind == V_DBL) {
+            if (fabs(c->d) < 4611686018427387904.0) col_i64(d, col, (int64_t)c->d);
+            else col_null(d, col);
+        } else {
+            col_i64(d, col, c->i);
+        }
+        break;
+    case T_F64: col_f64(d, col, c->kind == V_DBL ? c->d : (double)c->i); break;
+    case T_BOOL: col_bool(d, col, c->i != 0); break;
+    }
+}
+
+/* A typed column: Arrow spec when every value converts as _coerce would (exact types, int <->
+ * double, arrays of those), else the raw values as a list (Python runs _coerce_column on it).
+ * List columns: (kind, n, nulls, validity|None, child spec, offsets). */
+static PyObject *typed_py(D *d, int type, CellVec *cv, size_t n) {
+    int nonnull = 0, ok = 1, is_list = type >= T_LSTR && type <= T_LF64;
+    int et = is_list ? type - T_LSTR : type; /* element / scalar kind */
+    for (size_t i = 0; i < cv->n; i++) {
+        if (cv->v[i].kind != V_NONE) nonnull = 1;
+        if (cv->v[i].kind == V_ARR ? !is_list : !native_ok(type, cv->v[i].kind)) ok = 0;
+    }
+    if (!nonnull) return Py_BuildValue("(innOOO)", type, (Py_ssize_t)n, (Py_ssize_t)n, Py_None, Py_None, Py_None);
+    Col col, child;
+    memset(&col, 0, sizeof col);
+    memset(&child, 0, sizeof child);
+    PyObject *out = NULL;
+    if (ok) {
+        if (setjmp(d->jb)) {
+            col_free(&col);
+            col_free(&child);
+            return PyErr_NoMemory();
+        }
+        if (is_list) {
+            col_init(d, &col, T_I64); /* validity only; offsets kept in col.offs */
+            col_init(d, &child, et);
+            int32_t z = 0;
+            put(d, &col.offs, &z, 4);
+        } else {
+            col_init(d, &col, type);
+        }
+        size_t j = 0;
+        for (size_t r = 0; r < n && ok; r++) {
+            const Cell *c = (j < cv->n && (size_t)cv->v[j].row == r) ? &cv->v[j++] : NULL;
+            if (!is_list) {
+                static const Cell none = {0};
+                col_value(d, &col, type, c ? c : &none);
+                continue;
+            }
+            if (!c || c->kind == V_NONE) {
+                col_bit(d, &col, 0);
+                col.n++;
+            } else if (c->kind != V_ARR) {
+                col_bit(d, &col, 1);
+                col.n++;
+                col_value(d, &child, et, c);
+            } else {
+                col_bit(d, &col, 1);
+                col.n++;
+                const uint8_t *q = c->p, *qe = c->p + c->len;
+                while (q < qe) {
+                    uint32_t fn;
+                    int wt;
+                    rd_tag(d, &q, qe, &fn, &wt);
+                    if (fn != 1) {
+                        skip(d, &q, qe, wt);
+                        continue;
+                    }
+                    const uint8_t *es;
+                    size_t el;
+                    rd_len(d, &q, qe, &es, &el);
+                    Cell x;
+                    elem_cell(d, es, es + el, &x);
+                    if (!native_ok(et, x.kind)) {
+                        ok = 0;
+                        break;
+                    }
+                    col_value(d, &child, et, &x);
+                }
+            }
+            if (is_list) {
+                if (child.n > 0x7fffffffu) FAIL(d);
+                int32_t o = (int32_t)child.n;
+                put(d, &col.offs, &o, 4);
+            }
+        }
+        if (ok) {
+            if (is_list) {
+                PyObject *cs = col_py(&child);
+                PyObject *valid = col.nulls ? bytes_of(&col.valid) : (Py_INCREF(Py_None), Py_None);
+                PyObject *offs = bytes_of(&col.offs);
+                if (cs && valid && offs)
+                    out = Py_BuildValue("(innOOO)", type, (Py_ssize_t)n, (Py_ssize_t)col.nulls, valid, cs, offs);
+                Py_XDECREF(cs);
+                Py_XDECREF(valid);
+                Py_XDECREF(offs);
+            } else {
+                out = col_py(&col);
+            }
+            col_free(&col);
+            col_free(&child);
+            return out;
+        }
+        col_free(&col);
+        col_free(&child);
+    }
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (!list) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(list, (Py_ssize_t)i, Py_None);
+    }
+    for (size_t i = 0; i < cv->n; i++) {
+        PyObject *v = cell_py(d, &cv->v[i]);
+        if (!v) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SetItem(list, cv->v[i].row, v);
+    }
+    return list;
+}
+
+static void d_free(D *d) {
+    for (int i = 0; i < NSC; i++) col_free(&d->sc[i]);
+    for (int i = 0; i < NEC; i++) col_free(&d->ec[i]);
+    for (int t = 0; t < 3; t++) {
+        if (!d->tc[t]) continue;
+        for (int i = 0; i < d->cfg->ncols[t]; i++) free(d->tc[t][i].v);
+        free(d->tc[t]);
+    }
+    free(d->resjson.p);
+    free(d->sjson.p);
+    free(d->ejson.p);
+    free(d->ljson.p);
+    free(d->scratch.p);
+    free(d->rst);
+    free(d->sst);
+    free(d->est);
+    free(d->evs);
+    free(d->keys);
+    free(d->rej);
+}
+
+/* One decoder state kept between calls (its buffers stay allocated: no page faults, no regrowth).
+ * Every call holds the GIL from start to end, so a single slot needs no lock. */
+static D *d_cache = NULL;
+#define D_CACHE_MAX_BYTES ((size_t)256 << 20)
+
+static size_t d_capacity(D *d) {
+    size_t t = d->resjson.cap + d->sjson.cap + d->ejson.cap + d->ljson.cap + d->scratch.cap;
+    for (int i = 0; i < NSC; i++) t += d->sc[i].valid.cap + d->sc[i].data.cap + d->sc[i].offs.cap;
+    for (int i = 0; i < NEC; i++) t += d->ec[i].valid.cap + d->ec[i].data.cap + d->ec[i].offs.cap;
+    return t;
+}
+
+static D *d_get(void) {
+    D *d = d_cache;
+    d_cache = NULL;
+    return d ? d : calloc(1, sizeof(D));
+}
+
+static void d_release(D *d) {
+    for (int t = 0; t < 3; t++) {
+        if (!d->tc[t]) continue;
+        for (int i = 0; i < d->cfg->ncols[t]; i++) free(d->tc[t][i].v);
+        free(d->tc[t]);
+        d->tc[t] = NULL;
+    }
+    if (d_cache != NULL || d_capacity(d) > D_CACHE_MAX_BYTES) {
+        d_free(d);
+        free(d);
+        return;
+    }
+    Col *cols[2] = {d->sc, d->ec};
+    int ncols[2] = {NSC, NEC};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < ncols[k]; i++) {
+            Col *c = &cols[k][i];
+            c->valid.len = c->data.len = c->offs.len = 0;
+            c->n = c->nulls = 0;
+        }
+    d->resjson.len = d->sjson.len = d->ejson.len = d->ljson.len = d->scratch.len = 0;
+    d->nrst = d->nsst = d->nest = d->nev = d->nkeys = d->nrej = 0;
+    d->truncated = d->prompts = 0;
+    d->cfg = NULL;
+    d_cache = d;
+}
+
+static PyObject *rej_py(const Rej *r, size_t max_span) {
+    PyObject *sid = PyUnicode_New((Py_ssize_t)(2 * r->sidl), 127);
+    if (!sid) return NULL;
+    Py_UCS1 *o = PyUnicode_1BYTE_DATA(sid);
+    for (size_t i = 0; i < r->sidl; i++) {
+        o[2 * i] = (Py_UCS1)HX[r->sid[i] >> 4];
+        o[2 * i + 1] = (Py_UCS1)HX[r->sid[i] & 15];
+    }
+    if (r->sidl == 0) {
+        Py_DECREF(sid);
+        sid = PyUnicode_FromString("?");
+        if (!sid) return NULL;
+    }
+    PyObject *name = PyUnicode_DecodeUTF8((const char *)(r->name ? r->name : (const uint8_t *)""),
+                                          (Py_ssize_t)r->namel, NULL);
+    PyObject *cut = name ? PyUnicode_Substring(name, 0, 60) : NULL;
+    PyObject *problem = NULL, *out = NULL;
+    if (cut) {
+        switch (r->what) {
+        case R_TRACE: problem = PyUnicode_FromFormat("trace_id must be 16 non-zero bytes, got %llu", (unsigned long long)r->a); break;
+        case R_SPAN: problem = PyUnicode_FromFormat("span_id must be 8 non-zero bytes, got %llu", (unsigned long long)r->a); break;
+        case R_PARENT: problem = PyUnicode_FromFormat("parent_span_id must be 8 bytes, got %llu", (unsigned long long)r->a); break;
+        case R_RANGE: problem = PyUnicode_FromFormat("timestamps out of range (start %llu, end %llu ns)", (unsigned long long)r->a, (unsigned long long)r->b); break;
+        case R_ORDER: problem = PyUnicode_FromFormat("ends before it starts (start %llu, end %llu ns)", (unsigned long long)r->a, (unsigned long long)r->b); break;
+        case R_SIZE: problem = PyUnicode_FromFormat("attributes and events are %llu bytes, over %zu", (unsigned long long)r->a, max_span); break;
+        }
+    }
+    if (problem) out = PyUnicode_FromFormat("span %U (%R): %U", sid, cut, problem);
+    Py_XDECREF(problem);
+    Py_XDECREF(cut);
+    Py_XDECREF(name);
+    Py_DECREF(sid);
+    return out;
+}
+
+/* decode(body: bytes-like, cfg, keep_prompts: bool, received_ns: int) -> tuple | None */
+static PyObject *native_decode(PyObject *self, PyObject *args) {
+    Py_buffer body;
+    PyObject *cap;
+    int keep;
+    long long received;
+    if (!PyArg_ParseTuple(args, "y*OpL", &body, &cap, &keep, &received)) return NULL;
+    Cfg *cfg = PyCapsule_GetPointer(cap, "routeaudit.native.cfg");
+    if (!cfg) {
+        PyBuffer_Release(&body);
+        return NULL;
+    }
+    D *d = d_get();
+    if (!d) {
+        PyBuffer_Release(&body);
+        return PyErr_NoMemory();
+    }
+    d->cfg = cfg;
+    d->keep = keep;
+    d->received_ns = received;
+    PyObject *result = NULL;
+    if (setjmp(d->jb)) {
+        d_release(d);
+        PyBuffer_Release(&body);
+        Py_RETURN_NONE; /* not handled: fall back */
+    }
+    for (int t = 0; t < 3; t++) {
+        d->tc[t] = calloc(cfg->ncols[t] ? cfg->ncols[t] : 1, sizeof(CellVec));
+        if (!d->tc[t]) FAIL(d);
+    }
+    for (int i = 0; i < NSC; i++) col_init(d, &d->sc[i], SC_KINDS[i]);
+    for (int i = 0; i < NEC; i++) col_init(d, &d->ec[i], EC_KINDS[i]);
+    const uint8_t *p = body.buf;
+    request(d, p, p + body.len);
+
+    /* build the Python result (the body stays alive until here: cells point into it) */
+    size_t ns = d->sc[SC_TRACE].n, ne = d->ec[EC_TRACE].n;
+    PyObject *sfixed = PyTuple_New(NSC), *efixed = PyTuple_New(NEC);
+    PyObject *typed[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
+    PyObject *rej = PyList_New(0);
+    if (!sfixed || !efixed || !typed[0] || !typed[1] || !typed[2] || !rej) goto done;
+    for (int i = 0; i < NSC; i++) {
+        PyObject *o = col_py(&d->sc[i]);
+        if (!o) goto done;
+        PyTuple_SET_ITEM(sfixed, i, o);
+    }
+    for (int i = 0; i < NEC; i++) {
+        PyObject *o = col_py(&d->ec[i]);
+        if (!o) goto done;
+        PyTuple_SET_ITEM(efixed, i, o);
+    }
+    for (int t = 0; t < 3; t++) {
+        for (int i = 0; i < cfg->ncols[t]; i++) {
+            PyObject *o = typed_py(d, cfg->types[t][i], &d->tc[t][i], t == CTX_EV ? ne : ns);
+            if (!o) goto done;
+            int rc = PyList_Append(typed[t], o);
+            Py_DECREF(o);
+            if (rc < 0) goto done;
+        }
+    }
+    for (size_t i = 0; i < d->nrej; i++) {
+        PyObject *o = rej_py(&d->rej[i], cfg->max_span_bytes);
+        if (!o) goto done;
+        int rc = PyList_Append(rej, o);
+        Py_DECREF(o);
+        if (rc < 0) goto done;
+    }
+    result = Py_BuildValue("(OOOOOOLL)", sfixed, typed[CTX_RES], typed[CTX_SPAN], efixed, typed[CTX_EV], rej,
+                           (long long)d->truncated, (long long)d->prompts);
+done:
+    Py_XDECREF(sfixed);
+    Py_XDECREF(efixed);
+    Py_XDECREF(typed[0]);
+    Py_XDECREF(typed[1]);
+    Py_XDECREF(typed[2]);
+    Py_XDECREF(rej);
+    d_release(d);
+    PyBuffer_Release(&body);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"make_config", make_config, METH_VARARGS, "Build the decoder configuration (typed keys, prompt keys, limits)."},
+    {"decode", native_decode, METH_VARARGS,
+     "decode(body, config, keep_prompts, received_ns) -> column data, or None when not handled."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_native", "Native OTLP trace decoder.", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&moddef); }

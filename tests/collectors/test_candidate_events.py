@@ -1,0 +1,104 @@
+"""The compact candidate encoding (one JSON attribute) becomes the same candidate rows as events."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from audit import semconv as sc
+from audit._store import Store
+from collectors.otlp._decode import decode, decode_protobuf, parse_protobuf
+from collectors.router import DecisionRecorder
+
+TYPED = [col for col, _ in sc.TYPED_EVENT_ATTRIBUTES.values()]
+
+
+def _record(encoding: str, request_id: str = "req-1") -> bytes:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    rec = DecisionRecorder(policy="qp_cost", router_id="r1", tracer_provider=tp,
+                           candidate_encoding=encoding)
+    now = time.time_ns()
+    with rec.decide(request_id, model="m", input_tokens=1000, prefix_hashes=["h1", "h2"]) as d:
+        d.candidate("http://a:8000", waiting=3, running=2, kv_usage=0.5, remaining_tokens=900,
+                    telemetry_ts_ns=now - 250_000_000, pending=1, predicted_cached_tokens=64,
+                    est_queue_ms=12.5, est_prefill_ms=30.0, score=42.5, dp_rank=1)
+        d.candidate("b:9000", eligible=False, excluded_reason="unhealthy", kv_usage=float("nan"))
+        d.candidate("c", waiting=0, telemetry_ts_ns=now - 1_000_000, score=-1e300)
+        d.choose("c", reason="least_load")
+    tp.shutdown()
+    assert rec.errors == 0
+    return bytes(encode_spans(exporter.get_finished_spans()).SerializeToString())
+
+
+def _candidate_rows(events: pa.Table) -> list[dict[str, Any]]:
+    rows = events.filter(pa.compute.equal(events.column("name"), sc.EVENT_CANDIDATE))
+    return rows.select(["event_index", "time_ns", *TYPED]).to_pylist()
+
+
+@pytest.mark.parametrize("via", ["python", "native"])
+def test_json_candidates_become_the_rows_events_would_give(via: str) -> None:
+    def run(body: bytes) -> Any:
+        if via == "native":
+            return decode_protobuf(body, time.time_ns())
+        return decode(parse_protobuf(body), time.time_ns())
+
+    from_events = run(_record("events"))
+    from_json = run(_record("json"))
+    assert from_json.candidate_json_malformed == 0
+    got, want = _candidate_rows(from_json.events), _candidate_rows(from_events.events)
+    # the timestamps differ between two recordings; the decision time is what both carry
+    decided = from_json.spans.column("a_decision_time_ns")[0].as_py()
+    assert [r.pop("time_ns") for r in got] == [decided] * 3
+    for r in want:
+        r.pop("time_ns")
+        r["c_telemetry_ts_ns"] = r["c_telemetry_age_ms"] = None
+    for r in got:
+        r["c_telemetry_ts_ns"] = r["c_telemetry_age_ms"] = None
+    assert got == want
+    assert [r["c_replica"] for r in got] == ["http://a:8000", "b:9000", "c"]
+    assert got[0]["c_dp_rank"] == 1 and got[1]["c_kv_usage"] is None
+    # the attribute itself is kept verbatim on the span
+    assert json.loads(from_json.spans.column("a_decision_candidates")[0].as_py())[2]["replica"] == "c"
+
+
+def test_malformed_candidates_attribute_is_kept_and_counted() -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(_record("json"))
+    span = req.resource_spans[0].scope_spans[0].spans[0]
+    for kv in span.attributes:
+        if kv.key == sc.DECISION_CANDIDATES:
+            kv.value.string_value = '{"not": "a list"'
+    batch = decode(req, time.time_ns())
+    assert batch.accepted == 1 and batch.candidate_json_malformed == 1
+    assert _candidate_rows(batch.events) == []
+
+
+def test_store_reads_json_candidates_like_events(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.duckdb")
+    for i, enc in enumerate(["events", "json"]):
+        batch = decode_protobuf(_record(enc, request_id=f"req-{enc}"), time.time_ns() + i)
+        store.append(spans=batch.spans, events=batch.events)
+        # a retried export is stored once, expanded rows included
+        assert store.append(spans=batch.spans, events=batch.events) == 0
+    rows = store.query_arrow(
+        "select request_id, count(*) filter (where chosen) as chosen, "
+        "list(replica order by replica) as replicas from candidates "
+        "group by request_id order by request_id").to_pylist()
+    store.close()
+    # the DP rank of the first candidate shows as its '#1' replica suffix
+    replicas = ["a:8000#1", "b:9000", "c"]
+    assert rows == [{"request_id": "req-events", "chosen": 1, "replicas": replicas},
+                    {"request_id": "req-json", "chosen": 1, "replicas": replicas}]
