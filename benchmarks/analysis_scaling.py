@@ -204,7 +204,7 @@ def measure(path: Path, n: int, query_timeout_s: float) -> dict[str, Any]:
             timer.start()
             t = time.perf_counter()
             try:
-                cur.sql(sql).fetch_arrow_table()
+                cur.sql(sql).to_arrow_table()
                 q[name] = time.perf_counter() - t
             except Exception as exc:  # noqa: BLE001 - report, do not stop the curve
                 q[name] = float("inf") if time.perf_counter() - t >= query_timeout_s else float("nan")

@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scrape-interval", type=float, default=None, metavar="S")
     p.add_argument("--queue-max-spans", type=int, default=None)
     p.add_argument("--max-group-spans", type=int, default=None)
+    p.add_argument("--refresh-interval", type=float, default=None, metavar="S",
+                   help="seconds between background rebuilds of the relations")
     p.add_argument("--commit-delay-ms", type=float, default=0.0,
                    help="testing only: sleep before every commit, to make a slow store and "
                         "exercise backpressure (benchmarks/backpressure_soak.py)")
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["queue_max_spans"] = a.queue_max_spans
     if a.max_group_spans is not None:
         overrides["max_group_spans"] = a.max_group_spans
+    if a.refresh_interval is not None:
+        overrides["refresh_interval_s"] = a.refresh_interval
     delay_s = a.commit_delay_ms / 1000.0
     try:
         return run_collector(default_config(**overrides),

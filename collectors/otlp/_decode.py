@@ -433,7 +433,7 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
 
     spans = pa.Table.from_pydict(span_cols, schema=RAW_SPANS_SCHEMA)
     events_tbl = pa.Table.from_pydict(event_cols, schema=RAW_SPAN_EVENTS_SCHEMA)
-    events_tbl, malformed = _candidate_events.expand(spans, events_tbl)
+    spans, events_tbl, malformed = _candidate_events.expand(spans, events_tbl)
     return DecodedBatch(spans=spans, events=events_tbl, rejected=rejected,
                         truncated_values=conv.truncated, prompt_values_dropped=conv.prompts_dropped,
                         candidate_json_malformed=malformed)
@@ -561,7 +561,7 @@ def decode_protobuf(body: bytes, received_ns: int, *, keep_prompts: bool = False
             event_cols: dict[str, Any] = {name: _arrow(spec) for name, spec in zip(_EVENT_FIXED, efixed, strict=True)}
             _native_typed(event_cols, cfg.ev_items, etyped, RAW_SPAN_EVENTS_SCHEMA)
             spans = pa.Table.from_pydict(span_cols, schema=RAW_SPANS_SCHEMA)
-            events, malformed = _candidate_events.expand(
+            spans, events, malformed = _candidate_events.expand(
                 spans, pa.Table.from_pydict(event_cols, schema=RAW_SPAN_EVENTS_SCHEMA))
             return DecodedBatch(
                 spans=spans, events=events, rejected=rejected, truncated_values=truncated,

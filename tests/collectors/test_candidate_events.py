@@ -68,8 +68,10 @@ def test_json_candidates_become_the_rows_events_would_give(via: str) -> None:
     assert got == want
     assert [r["c_replica"] for r in got] == ["http://a:8000", "b:9000", "c"]
     assert got[0]["c_dp_rank"] == 1 and got[1]["c_kv_usage"] is None
-    # the attribute itself is kept verbatim on the span
-    assert json.loads(from_json.spans.column("a_decision_candidates")[0].as_py())[2]["replica"] == "c"
+    # the attribute itself is kept verbatim in the span's attributes (its typed copy emptied)
+    attrs = json.loads(from_json.spans.column("attributes")[0].as_py())
+    assert json.loads(attrs[sc.DECISION_CANDIDATES])[2]["replica"] == "c"
+    assert from_json.spans.column("a_decision_candidates").null_count == 1
 
 
 def test_malformed_candidates_attribute_is_kept_and_counted() -> None:
@@ -102,3 +104,25 @@ def test_store_reads_json_candidates_like_events(tmp_path: Path) -> None:
     replicas = ["a:8000#1", "b:9000", "c"]
     assert rows == [{"request_id": "req-events", "chosen": 1, "replicas": replicas},
                     {"request_id": "req-json", "chosen": 1, "replicas": replicas}]
+
+
+@pytest.mark.parametrize("text, want", [
+    # strict JSON of the right types: converted by Arrow in one pass
+    ('[{"replica": "a", "waiting": 2, "kv_usage": 1}]', {"c_replica": "a", "c_waiting": 2, "c_kv_usage": 1.0}),
+    # values of other types take the decoder's coercion: "3" -> 3, a number as the replica name
+    ('[{"replica": 7, "waiting": "3", "chosen": "true"}]', {"c_replica": "7", "c_waiting": 3, "c_chosen": True}),
+    # NaN / Infinity (not JSON, but Python writes them) become NULL
+    ('[{"replica": "a", "kv_usage": NaN, "score": -Infinity}]', {"c_replica": "a", "c_kv_usage": None, "c_score": None}),
+])
+def test_candidate_values_are_coerced_like_event_attributes(text: str, want: dict[str, Any]) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(_record("json"))
+    span = req.resource_spans[0].scope_spans[0].spans[0]
+    for kv in span.attributes:
+        if kv.key == sc.DECISION_CANDIDATES:
+            kv.value.string_value = text
+    for batch in (decode(req, time.time_ns()), decode_protobuf(req.SerializeToString(), time.time_ns())):
+        (row,) = _candidate_rows(batch.events)
+        assert {k: row[k] for k in want} == want

@@ -23,9 +23,10 @@ stg_candidates_source as materialized (
 
 ),
 
-client_sides as materialized (
+side_spans as materialized (
 
-    -- only the fields read below: each side becomes a struct column of requests_joined
+    -- only the fields read below (each side becomes a struct column of requests_joined), and
+    -- those that pick a side
     select
         request_key,
         request_id,
@@ -54,8 +55,17 @@ client_sides as materialized (
         declared_status,
         otel_status,
         router_id,
-        self_replica
+        self_replica,
+        span_role,
+        start_ns
     from int_spans_clock_corrected_source
+
+),
+
+client_sides as materialized (
+
+    select *
+    from side_spans
     where span_role = 'client'
     qualify row_number() over (
         partition by request_key order by start_ns, span_id
@@ -65,37 +75,8 @@ client_sides as materialized (
 
 router_sides as materialized (
 
-    -- only the fields read below: each side becomes a struct column of requests_joined
-    select
-        request_key,
-        request_id,
-        trace_id,
-        span_id,
-        run_id,
-        model,
-        endpoint,
-        usage_input_tokens,
-        request_input_tokens,
-        usage_output_tokens,
-        usage_cached_tokens,
-        max_tokens,
-        stream,
-        corrected_start_ns,
-        duration_ms,
-        client_ttft_ms,
-        client_e2e_ms,
-        engine_ttft_ms,
-        engine_e2e_ms,
-        engine_queue_ms,
-        engine_prefill_ms,
-        engine_decode_ms,
-        finish_reason,
-        http_status,
-        declared_status,
-        otel_status,
-        router_id,
-        self_replica
-    from int_spans_clock_corrected_source
+    select *
+    from side_spans
     where span_role like 'router_%'
     qualify row_number() over (
         partition by request_key
@@ -113,37 +94,8 @@ router_sides as materialized (
 
 replica_sides as materialized (
 
-    -- only the fields read below: each side becomes a struct column of requests_joined
-    select
-        request_key,
-        request_id,
-        trace_id,
-        span_id,
-        run_id,
-        model,
-        endpoint,
-        usage_input_tokens,
-        request_input_tokens,
-        usage_output_tokens,
-        usage_cached_tokens,
-        max_tokens,
-        stream,
-        corrected_start_ns,
-        duration_ms,
-        client_ttft_ms,
-        client_e2e_ms,
-        engine_ttft_ms,
-        engine_e2e_ms,
-        engine_queue_ms,
-        engine_prefill_ms,
-        engine_decode_ms,
-        finish_reason,
-        http_status,
-        declared_status,
-        otel_status,
-        router_id,
-        self_replica
-    from int_spans_clock_corrected_source
+    select *
+    from side_spans
     where span_role = 'replica'
     qualify row_number() over (
         partition by request_key
