@@ -257,8 +257,12 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
         for p in procs:
             p.start()
         peak_rss = 0
+        timeline: list[tuple[float, int]] = []  # (seconds, RSS) every 10 s: bounded or growing?
         while any(p.is_alive() for p in procs):
-            peak_rss = max(peak_rss, _rss(proc.pid)[0])
+            rss = _rss(proc.pid)[0]
+            peak_rss = max(peak_rss, rss)
+            if not timeline or time.perf_counter() - t0 - timeline[-1][0] >= 10:
+                timeline.append((time.perf_counter() - t0, rss))
             time.sleep(0.5)
         results = [q.get() for _ in procs]
         wall = time.perf_counter() - t0
@@ -284,7 +288,8 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
         con.close()
         return {"transport": transport, "acked": acked, "refused_requests": refused,
                 "stored": stored, "wall_s": wall, "spans_per_s": acked / wall,
-                "peak_rss_mib": max(peak_rss, hwm) / 2**20, "native_fallbacks": fallbacks}
+                "peak_rss_mib": max(peak_rss, hwm) / 2**20, "native_fallbacks": fallbacks,
+                "rss_timeline_mib": [(round(t), round(r / 2**20)) for t, r in timeline]}
     finally:
         proc.terminate()
         try:
@@ -324,6 +329,7 @@ def main() -> None:
               f"stored {r['stored']:,} ({ok})  refused requests {r['refused_requests']}  "
               f"wall {r['wall_s']:.1f} s  collector peak RSS {r['peak_rss_mib']:.0f} MiB  "
               f"native-decoder fallbacks {r['native_fallbacks']}", flush=True)
+        print("  collector RSS (s, MiB): " + ", ".join(f"{t}:{m}" for t, m in r["rss_timeline_mib"]))
 
 
 if __name__ == "__main__":
