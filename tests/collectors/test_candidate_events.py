@@ -112,7 +112,8 @@ def test_store_reads_json_candidates_like_events(tmp_path: Path) -> None:
     # values of other types take the decoder's coercion: "3" -> 3, a number as the replica name
     ('[{"replica": 7, "waiting": "3", "chosen": "true"}]', {"c_replica": "7", "c_waiting": 3, "c_chosen": True}),
     # NaN / Infinity (not JSON, but Python writes them) become NULL
-    ('[{"replica": "a", "kv_usage": NaN, "score": -Infinity}]', {"c_replica": "a", "c_kv_usage": None, "c_score": None}),
+    ('[{"replica": "a", "kv_usage": NaN, "score": -Infinity}]',
+     {"c_replica": "a", "c_kv_usage": None, "c_score": None}),
 ])
 def test_candidate_values_are_coerced_like_event_attributes(text: str, want: dict[str, Any]) -> None:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
