@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Final
@@ -85,6 +87,7 @@ def _strip_comments(sql: str) -> str:
 def relations_version() -> str:
     """A hash of every relation's text: tells whether a store's views match this code."""
     h = hashlib.sha256()
+    h.update(b"cached-at-defaults-1")  # how refresh() materialises (bump when that changes)
     for r in load_relations():
         h.update(r.name.encode())
         h.update(r.sql.encode())
@@ -111,22 +114,86 @@ def parametrised(relations: list[Relation] | None = None) -> set[str]:
     return found
 
 
-def refresh(con: duckdb.DuckDBPyConnection) -> None:
+CACHE_SUFFIX: Final = "__cached"
+LIVE_SUFFIX: Final = "__live"
+_DEFAULTED_VARIABLE = re.compile(r"coalesce\(\s*getvariable\('(\w+)'\)\s*,\s*([-0-9.]+)\s*\)")
+
+
+def cached(relations: list[Relation] | None = None) -> list[str]:
+    """Public parametrised relations that :func:`refresh` also materialises at the default
+    settings (``<name>__cached``) in a large store: ``<name>`` reads that table while every
+    session variable is unset or at its default, and computes live (``<name>__live``)
+    otherwise."""
+    rels = load_relations() if relations is None else relations
+    views = parametrised(rels)
+    return [r.name for r in rels
+            if r.name in views and r.layer == "attribution" and not r.name.startswith("int_")
+            and r.name != "slo_targets"]
+
+
+def variable_defaults(relations: list[Relation] | None = None) -> dict[str, str]:
+    """Every session variable the relations read, with the default the SQL gives it."""
+    rels = load_relations() if relations is None else relations
+    found: dict[str, str] = {}
+    for rel in rels:
+        for name, default in _DEFAULTED_VARIABLE.findall(_strip_comments(rel.sql)):
+            found.setdefault(name, default)
+    return found
+
+
+CACHE_MIN_SPANS: Final = 100_000
+"""Stores with at least this many spans get the cached relations (see :func:`refresh`); below
+it the live views answer in well under a second and a cache would only slow every refresh."""
+
+
+def refresh(con: duckdb.DuckDBPyConnection,
+            on_built: Callable[[Relation, str, float], None] | None = None,
+            cache_defaults: bool | None = None) -> None:
     """Rebuild every relation in one transaction: tables for the plain ones, views for the
-    parametrised ones. Readers see the old or the new set, never a mix."""
+    parametrised ones. Readers see the old or the new set, never a mix.
+
+    The public parametrised relations (``attributions``, ``slow_requests``...) are also
+    materialised at the default SLO and thresholds, the values a collector's readers use unless
+    they choose others: at a million requests computing them took 7–13 s per query, reading the
+    table milliseconds. Their view picks the table or the live computation by comparing the
+    session variables with the defaults; DuckDB folds that comparison when planning, so the
+    branch not taken costs nothing. Must run with no routeaudit session variable set.
+    ``cache_defaults``: None caches from :data:`CACHE_MIN_SPANS` spans on.
+    ``on_built(relation, kind, seconds)`` is called after each relation (benchmarks time them).
+    """
     rels = load_relations()
     views = parametrised(rels)
+    if cache_defaults is None:
+        cache_defaults = con.sql("select count(*) from raw_spans").fetchall()[0][0] >= CACHE_MIN_SPANS
+    to_cache = set(cached(rels)) if cache_defaults else set()
+    at_defaults = " and ".join(
+        f"coalesce(getvariable('{name}'), {default}) = {default}"
+        for name, default in sorted(variable_defaults(rels).items())) or "true"
     con.execute("begin transaction")
     try:
         for rel in rels:
+            started = time.perf_counter()
             kind = "view" if rel.name in views else "table"
             body = rel.sql.strip().rstrip(";")
-            _drop(con, rel.name)
+            for name in (rel.name, rel.name + LIVE_SUFFIX, rel.name + CACHE_SUFFIX):
+                _drop(con, name)
             try:
-                con.execute(f"create {kind} {rel.name} as\n{body}")
+                if rel.name in to_cache:
+                    live, table = rel.name + LIVE_SUFFIX, rel.name + CACHE_SUFFIX
+                    con.execute(f"create view {live} as\n{body}")
+                    con.execute(f"create table {table} as select * from {live}")
+                    con.execute(
+                        f"create view {rel.name} as\n"
+                        f"select * from {table} where {at_defaults}\n"
+                        f"union all\nselect * from {live} where not ({at_defaults})")
+                else:
+                    con.execute(f"create {kind} {rel.name} as\n{body}")
             except duckdb.Error as exc:
                 raise StoreError(
                     f"relation {rel.layer}/{rel.name}.sql does not build: {_first(exc)}") from exc
+            if on_built is not None:
+                on_built(rel, "cached view" if rel.name in to_cache else kind,
+                         time.perf_counter() - started)
         con.execute("commit")
     except BaseException:
         con.execute("rollback")

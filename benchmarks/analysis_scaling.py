@@ -7,8 +7,7 @@ SDK spans are encoded with ``encode_spans`` (what the OTLP exporter sends), deco
 ``collectors.otlp._decode.decode`` (what the collector does) and appended with ``Store.append``
 in batches of ``--batch`` spans. No sockets, so the curve is about the analysis, not ingest.
 
-Then: ``Store.refresh()`` is timed as a whole and relation by relation (a benchmark-local copy of
-the loop in ``audit._relations.refresh``, same SQL, same order), followed by a few queries.
+Then: ``Store.refresh()`` is timed as a whole and relation by relation, followed by a few queries.
 
     python3 benchmarks/analysis_scaling.py                 # 10k and 100k requests
     python3 benchmarks/analysis_scaling.py --sizes 10000 100000 1000000
@@ -156,7 +155,7 @@ def tile(base: Path, path: Path, n: int) -> dict[str, float]:
 
 
 def timed_refresh(path: Path) -> tuple[float, list[tuple[str, str, float]]]:
-    """Per-relation timing: a copy of ``audit._relations.refresh`` (same SQL, same order)."""
+    """``audit._relations.refresh`` with each relation timed."""
     import duckdb
 
     from audit import _relations
@@ -164,19 +163,9 @@ def timed_refresh(path: Path) -> tuple[float, list[tuple[str, str, float]]]:
 
     con = duckdb.connect(os.fspath(path))
     _tune(con)
-    rels = _relations.load_relations()
-    views = _relations.parametrised(rels)
     out: list[tuple[str, str, float]] = []
     t0 = time.perf_counter()
-    con.execute("begin transaction")
-    for rel in rels:
-        kind = "view" if rel.name in views else "table"
-        body = rel.sql.strip().rstrip(";")
-        t = time.perf_counter()
-        _relations._drop(con, rel.name)
-        con.execute(f"create {kind} {rel.name} as\n{body}")
-        out.append((rel.name, kind, time.perf_counter() - t))
-    con.execute("commit")
+    _relations.refresh(con, on_built=lambda rel, kind, s: out.append((rel.name, kind, s)))
     total = time.perf_counter() - t0
     con.execute("checkpoint")
     con.close()

@@ -1,0 +1,73 @@
+"""Public parametrised relations are materialised at the defaults and read live otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from audit import _relations
+from audit._store import Store
+from routeaudit._demo import SAMPLE_DIR
+
+
+@pytest.fixture(scope="module")
+def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cache") / "sample.duckdb"
+    store = Store(path)
+    store.append(spans=pq.read_table(SAMPLE_DIR / "raw_spans.parquet"),
+                 events=pq.read_table(SAMPLE_DIR / "raw_span_events.parquet"))
+    store.close()
+    # the sample is smaller than CACHE_MIN_SPANS: build the cached relations explicitly
+    con = duckdb.connect(str(path))
+    _relations.refresh(con, cache_defaults=True)
+    con.close()
+    return path
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
+    return sorted(map(repr, con.sql(sql).fetchall()))
+
+
+def test_cached_relations_equal_their_live_computation(sample_store: Path) -> None:
+    con = duckdb.connect(str(sample_store), read_only=True)
+    assert set(_relations.cached()) == {"attributions", "slow_requests", "slo_summary",
+                                        "calibration", "herding_episodes"}
+    for name in _relations.cached():
+        assert _rows(con, f"select * from {name}") == _rows(con, f"select * from {name}__live"), name
+    assert con.sql("select count(*) from attributions").fetchall()[0][0] > 0
+    # at the defaults the plan reads the table alone: the live branch is folded away
+    plan = con.sql("explain select * from attributions").fetchall()[0][1]
+    assert "attributions__cached" in plan and "int_attr_candidates_state" not in plan
+
+
+@pytest.mark.parametrize("variable, value", [("routeaudit_ttft_slo_ms", 300.0),
+                                             ("routeaudit_cause_min_frac", 0.01)])
+def test_other_settings_are_computed_live(sample_store: Path, variable: str, value: float) -> None:
+    con = duckdb.connect(str(sample_store), read_only=True)
+    default = _rows(con, "select * from attributions")
+    con.execute(f"set variable {variable} = {value}")
+    got = _rows(con, "select * from attributions")
+    assert got == _rows(con, "select * from attributions__live")
+    assert got != default  # the setting matters on this data, so the cache would be wrong
+    plan = con.sql("explain select * from attributions").fetchall()[0][1]
+    assert "int_attr_candidates_state" in plan
+
+
+def test_every_variable_the_sql_reads_has_a_default() -> None:
+    # the cache is valid only where every variable is at its default: a variable read without
+    # one would be invisible to that check
+    text = "".join(r.sql for r in _relations.load_relations())
+    assert text.count("getvariable(") == len(_relations.variable_defaults()) > 10
+
+
+def test_small_stores_are_not_cached(tmp_path: Path) -> None:
+    store = Store(tmp_path / "small.duckdb")
+    store.append(spans=pq.read_table(SAMPLE_DIR / "raw_spans.parquet"))
+    store.refresh()
+    names = set(store.query_arrow("select table_name from information_schema.tables")
+                .column(0).to_pylist())
+    store.close()
+    assert "attributions" in names and "attributions__cached" not in names
