@@ -91,6 +91,18 @@ def run_demo(*, db: Path, scenario: str, n_requests: int | None, seed: int, slo:
     return 0
 
 
+def load_sample_data(store: Any) -> None:
+    """Append the committed sample raw tables (``sample_data/*.parquet``) to ``store``."""
+    import pyarrow.parquet as pq
+
+    from audit.schema import RAW_TABLES
+
+    tables = {t: pq.read_table(SAMPLE_DIR / f"{t}.parquet") for t in RAW_TABLES
+              if (SAMPLE_DIR / f"{t}.parquet").exists()}
+    store.append(spans=tables.get("raw_spans"), events=tables.get("raw_span_events"),
+                 snapshots=tables.get("raw_snapshots"))
+
+
 def build_sample_data(*, progress: bool = True, regenerate: bool = False) -> Path:
     """Build ``sample_data/demo.duckdb`` from the committed Parquet files.
 
@@ -121,12 +133,7 @@ def build_sample_data(*, progress: bool = True, regenerate: bool = False) -> Pat
     _remove_store(SAMPLE_DB)
     store = Store(SAMPLE_DB)
     try:
-        import pyarrow.parquet as pq
-
-        tables = {t: pq.read_table(SAMPLE_DIR / f"{t}.parquet") for t in RAW_TABLES
-                  if (SAMPLE_DIR / f"{t}.parquet").exists()}
-        store.append(spans=tables.get("raw_spans"), events=tables.get("raw_span_events"),
-                     snapshots=tables.get("raw_snapshots"))
+        load_sample_data(store)
     finally:
         store.close()
     if progress:

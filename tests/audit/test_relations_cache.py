@@ -10,15 +10,14 @@ import pytest
 
 from audit import _relations
 from audit._store import Store
-from routeaudit._demo import SAMPLE_DIR
+from routeaudit._demo import SAMPLE_DIR, load_sample_data
 
 
 @pytest.fixture(scope="module")
 def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("cache") / "sample.duckdb"
     store = Store(path)
-    store.append(spans=pq.read_table(SAMPLE_DIR / "raw_spans.parquet"),
-                 events=pq.read_table(SAMPLE_DIR / "raw_span_events.parquet"))
+    load_sample_data(store)
     store.close()
     # the sample is smaller than CACHE_MIN_SPANS: build the cached relations explicitly
     con = duckdb.connect(str(path))

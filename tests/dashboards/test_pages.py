@@ -342,15 +342,12 @@ def test_page_on_raw_spans(monkeypatch: pytest.MonkeyPatch, raw_db: Path, raw_re
 # --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def sample_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import pyarrow.parquet as pq
-
     from audit._store import Store
-    from routeaudit._demo import SAMPLE_DIR
+    from routeaudit._demo import load_sample_data
 
     path = tmp_path_factory.mktemp("sample") / "demo.duckdb"
     store = Store(path)
-    store.append(spans=pq.read_table(SAMPLE_DIR / "raw_spans.parquet"),
-                 events=pq.read_table(SAMPLE_DIR / "raw_span_events.parquet"))
+    load_sample_data(store)
     store.close()
     return path
 
