@@ -94,6 +94,6 @@ create table if not exists raw_spans (
     a_http_target VARCHAR,
     a_http_status_legacy BIGINT,
     a_code_namespace VARCHAR,
-    a_decision_candidates VARCHAR,
+    a_decision_candidates VARCHAR,      -- emptied at ingest once expanded into raw_span_events (text stays in attributes)
     primary key (trace_id, span_id)
 );
