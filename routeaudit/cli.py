@@ -45,6 +45,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         scrape_targets=tuple(args.scrape or ()),
         scrape_interval_s=args.scrape_interval,
         keep_prompts=args.keep_prompts,
+        spool=args.spool,
         **({"token": args.token} if args.token else {}),
     )
     return int(run_collector(config.validate()) or 0)
@@ -185,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes")
     p.add_argument("--keep-prompts", action="store_true",
                    help="store prompt/completion text attributes (default: dropped, counted)")
+    p.add_argument("--spool", action="store_true",
+                   help="acknowledge exports once synced to <db>.spool/ rather than committed: "
+                        "larger commits, several times the ingest rate (docs/operations.md)")
     p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("sql", help="run a read-only SQL query on a store (also while collecting)")

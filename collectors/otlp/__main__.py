@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                         "exercise backpressure (benchmarks/backpressure_soak.py)")
     p.add_argument("--keep-prompts", action="store_true",
                    help="store prompt/completion attribute values (default: dropped and counted)")
+    p.add_argument("--spool", action="store_true",
+                   help="acknowledge exports once synced to <db>.spool/ (larger commits, faster)")
     a = p.parse_args(argv)
     overrides: dict[str, object] = {
         "db_path": a.db, "http_host": a.host, "grpc_host": a.host, "http_port": a.http_port,
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["scrape_interval_s"] = a.scrape_interval
     if a.keep_prompts:
         overrides["keep_prompts"] = True
+    if a.spool:
+        overrides["spool"] = True
     if a.queue_max_spans is not None:
         overrides["queue_max_spans"] = a.queue_max_spans
     if a.max_group_spans is not None:

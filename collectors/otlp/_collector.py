@@ -30,6 +30,7 @@ from collectors.otlp._export import Exporter
 from collectors.otlp._grpc import GrpcReceiver, GrpcServer
 from collectors.otlp._http import HttpReceiver, HttpServer, bind_socket
 from collectors.otlp._metrics import Metrics
+from collectors.otlp._spool import Spool, SpoolError, spool_path
 from collectors.otlp._status import one_line
 from collectors.otlp._writer import Writer
 from collectors.otlp.config import CollectorConfig
@@ -60,6 +61,7 @@ class Collector:
         self.metrics = Metrics()
         self._store: Store | None = None
         self._writer: Writer | None = None
+        self._spool: Spool | None = None
         self._http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
         self._scraper: Any = None
@@ -146,10 +148,11 @@ class Collector:
                 raise StartError(f"cannot open store {cfg.db_path}: {one_line(exc)}") from exc
             raise
         self._store = store
+        self._spool = self._open_spool(cfg, store)
         self._writer = Writer(store, self.metrics, queue_max_spans=cfg.queue_max_spans,
                               max_group_batches=cfg.max_group_batches,
                               max_group_spans=cfg.max_group_spans,
-                              before_commit=self._before_commit)
+                              before_commit=self._before_commit, spool=self._spool)
         self._writer.start()
         exporter = Exporter(self._writer, self.metrics, cfg.export_timeout_s)
         receiver = HttpReceiver(exporter, store, self.metrics, cfg, self.health)
@@ -173,6 +176,28 @@ class Collector:
 
             self._scraper = Scraper(list(cfg.scrape_targets), cfg.scrape_interval_s, self._sink_snapshots)
             self._scraper.start()
+
+    def _open_spool(self, cfg: CollectorConfig, store: Store) -> Spool | None:
+        """Replay what a previous run left in the spool (even when this run does not spool:
+        those exports were acknowledged), then start the spool if configured."""
+        folder = spool_path(cfg.db_path)
+        if not cfg.spool and not folder.is_dir():
+            return None
+        try:
+            spool = Spool(folder)
+            leftovers = spool.leftover_segments()
+            if leftovers:
+                log.info("spool: replaying %d segment(s) from %s before listening", len(leftovers), folder)
+            _, spans = spool.replay(lambda s, e: store.append(spans=s, events=e),
+                                    max_group_spans=cfg.max_group_spans)
+        except (OSError, SpoolError) as exc:
+            raise StartError(f"cannot use spool {folder}: {one_line(exc)}") from exc
+        self.metrics.inc("spool_replayed_spans", spans)
+        if not cfg.spool:
+            _quietly(folder.rmdir)
+            return None
+        spool.start()
+        return spool
 
     def stop(self) -> None:
         """Stop accepting, commit everything queued, close the store, remove the sidecar.
@@ -218,6 +243,9 @@ class Collector:
             _quietly(lambda: self._http.stop(_GRACE_S + 5) if self._http else None)
         if self._writer is not None:
             _quietly(lambda: self._writer.close(self.config.export_timeout_s + 30) if self._writer else None)
+        if self._spool is not None:
+            _quietly(self._spool.close)
+            self._spool = None
         if self._store is not None:
             _quietly(self._store.close)
         if self._store_key is not None:
@@ -248,6 +276,7 @@ class Collector:
             "uptime_s": round(time.monotonic() - self.metrics.started_monotonic, 3),
             "queue_spans": writer.depth if writer else 0,
             "queue_limit_spans": self.config.queue_max_spans,
+            "spool_bytes": self._spool.bytes_on_disk if self._spool is not None else None,
             "last_write_ms": round(last * 1000, 3) if last is not None else None,
             "last_commit_ns": self.metrics.last_commit_ns,
             "last_error": writer.last_error if writer else None,

@@ -33,7 +33,8 @@ _COUNTERS = {
     "snapshots_written": "raw_snapshots rows committed",
     "snapshots_dropped": "Scrape results dropped because the queue was full",
     "commits": "Group commits that succeeded",
-    "commit_failures": "Group commits that failed (their exports answered 503 / UNAVAILABLE)",
+    "commit_failures": "Group commits that failed (their exports answered 503 / UNAVAILABLE; spooled ones retried)",
+    "spool_replayed_spans": "Spans replayed from the spool into the store at start (acknowledged before a crash or stop)",
     "internal_errors": "Requests that hit a bug (answered 500 or treated as undecodable); should stay 0",
 }
 

@@ -286,6 +286,7 @@ static const int EC_KINDS[NEC] = {T_STR, T_STR, T_I64, T_STR, T_I64, T_STR};
 
 typedef struct {
     jmp_buf jb;
+    PyThreadState *released; /* non-NULL while the wire-format parse runs without the GIL */
     const Cfg *cfg;
     int keep;
     int64_t received_ns;
@@ -686,16 +687,24 @@ static void emit_i64(D *d, Buf *b, int64_t v) {
 }
 
 static void emit_f64(D *d, Buf *b, double v) {
+    /* Python's repr of a float, so both decoders write the same text; it needs the GIL, which
+       the parse otherwise runs without (doubles in attributes are few). */
+    PyGILState_STATE g = PyGILState_Ensure();
     char *s = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
     if (!s) {
         PyErr_Clear();
+        PyGILState_Release(g);
         FAIL(d);
     }
     size_t n = strlen(s);
-    reserve(d, b, n);
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
+    if (n > 64) n = 64; /* repr of a double is at most 24 characters */
+    char text[64];
+    memcpy(text, s, n);
     PyMem_Free(s);
+    PyGILState_Release(g);
+    reserve(d, b, n);
+    memcpy(b->p + b->len, text, n);
+    b->len += n;
 }
 
 /* ------------------------------------------------------------------------------------------- */
@@ -1653,7 +1662,12 @@ static PyObject *native_decode(PyObject *self, PyObject *args) {
     d->keep = keep;
     d->received_ns = received;
     PyObject *result = NULL;
+    d->released = NULL;
     if (setjmp(d->jb)) {
+        if (d->released) {
+            PyEval_RestoreThread(d->released);
+            d->released = NULL;
+        }
         d_release(d);
         PyBuffer_Release(&body);
         Py_RETURN_NONE; /* not handled: fall back */
@@ -1665,7 +1679,12 @@ static PyObject *native_decode(PyObject *self, PyObject *args) {
     for (int i = 0; i < NSC; i++) col_init(d, &d->sc[i], SC_KINDS[i]);
     for (int i = 0; i < NEC; i++) col_init(d, &d->ec[i], EC_KINDS[i]);
     const uint8_t *p = body.buf;
+    /* The parse touches no Python object (the body is pinned by the buffer): other threads
+       (the HTTP loop, other decodes, the writer's Python side) run meanwhile. */
+    d->released = PyEval_SaveThread();
     request(d, p, p + body.len);
+    PyEval_RestoreThread(d->released);
+    d->released = NULL;
 
     /* build the Python result (the body stays alive until here: cells point into it) */
     size_t ns = d->sc[SC_TRACE].n, ne = d->ec[EC_TRACE].n;

@@ -3,10 +3,18 @@
 Exports are put on a queue bounded in spans (snapshot rows count as spans); each carries a
 :class:`~concurrent.futures.Future`. The writer thread takes the first waiting batch, then every
 batch already waiting (up to ``max_group_batches`` / ``max_group_spans``), concatenates them and
-calls ``Store.append`` once: one transaction, one WAL sync for the group. Only when that call has
-returned (the rows are durable) are the futures resolved; if it raises, the group is retried batch
-by batch so that one poisonous batch cannot fail the others, and each batch that still fails has
-its future failed with :class:`WriterUnavailable` (answered 503 / ``UNAVAILABLE``).
+calls ``Store.append`` once: one transaction, one WAL sync for the group.
+
+Without a spool, an export's future resolves only when that call has returned (the rows are
+durable); if it raises, the group is retried batch by batch so that one poisonous batch cannot
+fail the others, and each batch that still fails has its future failed with
+:class:`WriterUnavailable` (answered 503 / ``UNAVAILABLE``).
+
+With a spool (:mod:`collectors.otlp._spool`), an export's future resolves once its record is
+synced to the spool, before the commit. A failed commit can then no longer be answered: the
+batches that failed go back to the head of the queue and are retried with a growing pause (the
+queue fills meanwhile and new exports are refused with 429), and whatever is still uncommitted at
+stop stays in the spool for the next start.
 """
 
 from __future__ import annotations
@@ -24,18 +32,25 @@ import pyarrow as pa
 from audit._store import Store
 from collectors.otlp._errors import QueueFull, WriterUnavailable
 from collectors.otlp._metrics import Metrics
+from collectors.otlp._spool import Spool, SpoolError, encode_record
 from collectors.otlp._status import one_line
 
 log = logging.getLogger("routeaudit.collector")
 
 
-@dataclass
+@dataclass(eq=False)  # identity: items are compared with `in`
 class _Item:
     spans: pa.Table | None
     events: pa.Table | None
     snapshots: pa.Table | None
     weight: int
     future: Future[None]
+    segment: int | None = None
+    """Spool segment holding this batch's record (its future resolves at the spool sync)."""
+
+
+_RETRY_PAUSE_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+"""Pauses between retries of spooled batches whose commit failed (the last one repeats)."""
 
 
 class Writer:
@@ -48,13 +63,15 @@ class Writer:
 
     def __init__(self, store: Store, metrics: Metrics, *, queue_max_spans: int,
                  max_group_batches: int, max_group_spans: int,
-                 before_commit: Callable[[], None] | None = None) -> None:
+                 before_commit: Callable[[], None] | None = None,
+                 spool: Spool | None = None) -> None:
         self._store = store
         self._metrics = metrics
         self._limit = queue_max_spans
         self._max_batches = max_group_batches
         self._max_spans = max_group_spans
         self._before_commit = before_commit
+        self._spool = spool
         self._queue: collections.deque[_Item] = collections.deque()
         self._depth = 0
         self._cond = threading.Condition()
@@ -75,15 +92,19 @@ class Writer:
 
     def submit(self, spans: pa.Table | None = None, events: pa.Table | None = None,
                snapshots: pa.Table | None = None) -> Future[None]:
-        """Queue rows for the next group commit; the future resolves once they are durable.
+        """Queue rows for the next group commit; the future resolves once they are durable
+        (committed, or with a spool: synced to the spool).
 
         Raises :class:`QueueFull` when the queue has no room (a batch larger than the whole
         queue is still taken when the queue is empty, so it is never refused forever) and
-        :class:`WriterUnavailable` once the writer is closing.
+        :class:`WriterUnavailable` once the writer is closing or the spool cannot be written.
         """
         weight = (spans.num_rows if spans is not None else 0) + (
             snapshots.num_rows if snapshots is not None else 0)
         fut: Future[None] = Future()
+        # Only exports are spooled: snapshot rows are the collector's own and nobody waits for them.
+        spooled = self._spool is not None and spans is not None and spans.num_rows > 0
+        record = encode_record(spans, events) if spooled else []  # type: ignore[arg-type]
         with self._cond:
             if self._closing:
                 raise WriterUnavailable("collector is shutting down")
@@ -91,7 +112,13 @@ class Writer:
                 raise QueueFull(
                     f"write queue full ({self._depth} spans waiting, limit {self._limit}); retry later"
                 )
-            self._queue.append(_Item(spans, events, snapshots, weight, fut))
+            item = _Item(spans, events, snapshots, weight, fut)
+            if spooled:
+                try:
+                    item.segment = self._spool.append_record(record, fut)  # type: ignore[union-attr]
+                except (OSError, SpoolError) as exc:
+                    raise WriterUnavailable(f"spool write failed: {one_line(exc)}") from exc
+            self._queue.append(item)
             self._depth += weight
             self._cond.notify()
         return fut
@@ -113,6 +140,10 @@ class Writer:
         for item in left:
             if not item.future.done():
                 item.future.set_exception(WriterUnavailable("collector stopped before commit"))
+        spooled = sum(item.weight for item in left if item.segment is not None)
+        if spooled:
+            log.error("%d acknowledged span(s) could not be committed before stop; they stay in "
+                      "the spool and are replayed at the next start", spooled)
 
     def _take_group(self) -> list[_Item] | None:
         with self._cond:
@@ -130,17 +161,26 @@ class Writer:
             return group
 
     def _run(self) -> None:
+        failures = 0
         while True:
             group = self._take_group()
             if group is None:
                 return
-            try:
-                self._commit(group)
-            finally:
-                with self._cond:
-                    self._depth -= sum(item.weight for item in group)
+            left = self._commit(group)
+            with self._cond:
+                self._depth -= sum(item.weight for item in group if item not in left)
+                if not left:
+                    failures = 0
+                    continue
+                # Spooled batches were acknowledged: keep them, first in line, and pause.
+                self._queue.extendleft(reversed(left))
+                if self._closing:
+                    return
+                self._cond.wait(_RETRY_PAUSE_S[min(failures, len(_RETRY_PAUSE_S) - 1)])
+                failures += 1
 
-    def _commit(self, group: list[_Item]) -> None:
+    def _commit(self, group: list[_Item]) -> list[_Item]:
+        """Commit the group; return the spooled items that could not be committed."""
         try:
             self._append(group)
         except Exception as exc:  # noqa: BLE001 - every failure is answered, none kills the thread
@@ -148,16 +188,21 @@ class Writer:
             self.last_error = one_line(exc)
             if len(group) == 1:
                 log.error("commit failed: %s", self.last_error)
+                if group[0].segment is not None:
+                    return group
                 group[0].future.set_exception(WriterUnavailable(f"store write failed: {self.last_error}"))
-                return
+                return []
             log.warning("group commit of %d batches failed (%s); retrying one by one",
                         len(group), self.last_error)
-            for item in group:
-                self._commit([item])
-            return
+            return [left for item in group for left in self._commit([item])]
         self.last_error = None
+        spooled = [item.segment for item in group if item.segment is not None]
+        if spooled:
+            self._spool.release(spooled)  # type: ignore[union-attr]
         for item in group:
-            item.future.set_result(None)
+            if item.segment is None:
+                item.future.set_result(None)
+        return []
 
     def _append(self, group: list[_Item]) -> None:
         if self._before_commit is not None:

@@ -57,6 +57,10 @@ DEFAULT_KEEP_PROMPTS: Final = False
 decoder (and counted) unless the collector is started with ``keep_prompts=True``."""
 DEFAULT_STORE_MEMORY_LIMIT: Final = "1GB"
 """DuckDB's memory limit in the collector (its own default is 80 % of the machine's memory)."""
+DEFAULT_SPOOL: Final = False
+"""Acknowledge an export once it is synced to the spool (``<db>.spool/``) instead of once it is
+committed to DuckDB: much larger commits, hence several times the ingest rate, at the cost of
+disk writes and spans that become visible to queries a commit later (see docs/operations.md)."""
 DEFAULT_MAX_QUERY_BYTES: Final = 1024 * 1024
 """Largest ``POST /routeaudit/query`` body."""
 
@@ -96,6 +100,8 @@ class CollectorConfig:
     """Seconds an OTLP/HTTP body may take to arrive (after the headers); slower → 408."""
     keep_prompts: bool = DEFAULT_KEEP_PROMPTS
     """Store prompt/completion attribute values (default: drop them; see ``_decode.is_prompt_key``)."""
+    spool: bool = DEFAULT_SPOOL
+    """Acknowledge exports at the spool sync rather than the store commit (``DEFAULT_SPOOL``)."""
     host: str | None = None
     """Shorthand for the command line: when given, sets both ``http_host`` and ``grpc_host``
     at construction (and reads back as None afterwards)."""
@@ -149,8 +155,9 @@ class CollectorConfig:
             raise ConfigError(f"refresh_interval_s must be > 0, got {self.refresh_interval_s!r}")
         if not self.body_timeout_s > 0:
             raise ConfigError(f"body_timeout_s must be > 0, got {self.body_timeout_s!r}")
-        if not isinstance(self.keep_prompts, bool):
-            raise ConfigError(f"keep_prompts must be true or false, got {self.keep_prompts!r}")
+        for name in ("keep_prompts", "spool"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not self.scrape_interval_s > 0:
             raise ConfigError(f"scrape_interval_s must be > 0, got {self.scrape_interval_s!r}")
         for target in self.scrape_targets:

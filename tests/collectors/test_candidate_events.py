@@ -127,3 +127,4 @@ def test_candidate_values_are_coerced_like_event_attributes(text: str, want: dic
     for batch in (decode(req, time.time_ns()), decode_protobuf(req.SerializeToString(), time.time_ns())):
         (row,) = _candidate_rows(batch.events)
         assert {k: row[k] for k in want} == want
+

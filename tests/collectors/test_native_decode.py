@@ -164,6 +164,40 @@ def test_sdk_spans_take_the_native_path(sdk_bodies: list[bytes]) -> None:
     assert events > 0
 
 
+def _outcome(body: bytes) -> tuple[pa.Table, pa.Table, list[str]] | str:
+    try:
+        b = decode_protobuf(body, 42)
+    except PayloadError as exc:
+        return f"PayloadError: {exc}"
+    return b.spans, b.events, b.rejected
+
+
+@needs_native
+def test_concurrent_decodes_equal_serial(sdk_bodies: list[bytes]) -> None:
+    """The wire-format parse runs without the GIL, so decodes in several threads overlap: none
+    may see another's state (whole, truncated and undecodable bodies, doubles in attributes,
+    whose formatting takes the GIL back mid-parse)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    doubles = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[
+        Span(trace_id=bytes([i + 1]) * 16, span_id=bytes([i + 1]) * 8, name="d",
+             start_time_unix_nano=NOW, end_time_unix_nano=NOW + 1,
+             attributes=[KeyValue(key=f"x{j}", value=AnyValue(double_value=j / 7 + i)) for j in range(40)])
+        for i in range(50)])])]).SerializeToString()
+    bodies = sdk_bodies + [doubles] + [b[: len(b) // 2] for b in sdk_bodies[:6]] + [b"\xff" * 64]
+    want = [_outcome(b) for b in bodies]
+    assert any(isinstance(w, str) for w in want) and any(not isinstance(w, str) for w in want)
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            got = list(pool.map(_outcome, bodies))
+            for g, w in zip(got, want, strict=True):
+                if isinstance(w, str):
+                    assert g == w
+                else:
+                    assert not isinstance(g, str)
+                    assert g[0].equals(w[0]) and g[1].equals(w[1]) and g[2] == w[2]
+
+
 # -- generated requests full of edge cases ----------------------------------------------------------
 TYPED_KEYS = sorted(set(semconv.TYPED_SPAN_ATTRIBUTES) | set(semconv.TYPED_RESOURCE_ATTRIBUTES)
                     | set(semconv.TYPED_EVENT_ATTRIBUTES))

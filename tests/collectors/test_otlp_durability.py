@@ -1,5 +1,6 @@
 """Durability: a collector process is SIGKILLed mid-stream; after a restart every span whose
-export was acknowledged (200) is stored exactly once and the store opens cleanly."""
+export was acknowledged (200) is stored exactly once and the store opens cleanly. With the spool,
+acknowledged spans that were not yet committed at the kill come back from the spool."""
 
 from __future__ import annotations
 
@@ -39,9 +40,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(db: Path, port: int, log: IO[bytes]) -> subprocess.Popen[bytes]:
+def start(db: Path, port: int, log: IO[bytes], extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", _LAUNCH, "--db", str(db), "--http-port", str(port), "--grpc-port", "-1"],
+        [sys.executable, "-c", _LAUNCH, "--db", str(db), "--http-port", str(port), "--grpc-port", "-1",
+         *extra],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 60
@@ -69,11 +71,23 @@ def batch(sender: int, seq: int, n: int) -> tuple[bytes, list[str]]:
 
 
 def test_sigkill_mid_stream_loses_no_acknowledged_span(tmp_path: Path) -> None:
+    assert kill_and_restart(tmp_path, ()) == 0
+
+
+def test_sigkill_with_spool_replays_acknowledged_uncommitted_spans(tmp_path: Path) -> None:
+    # Commits are slowed down so that, at the kill, acknowledged spans wait in the spool only.
+    replayed = kill_and_restart(tmp_path, ("--spool", "--commit-delay-ms", "300"))
+    assert replayed > 0, "nothing came back from the spool: it was not exercised"
+    assert not list(Path(f"{tmp_path / 'dur.duckdb'}.spool").glob("*.seg"))  # clean stop: spool empty
+
+
+def kill_and_restart(tmp_path: Path, extra: tuple[str, ...]) -> int:
+    """Returns how many spans the restarted collector replayed from the spool."""
     db = tmp_path / "dur.duckdb"
     port = free_port()
     log = (tmp_path / "collector.log").open("wb")
     t0 = time.monotonic()
-    proc = start(db, port, log)
+    proc = start(db, port, log, extra)
     print(f"start took {time.monotonic() - t0:.1f} s")
     acked: list[str] = []
     lock = threading.Lock()
@@ -114,8 +128,9 @@ def test_sigkill_mid_stream_loses_no_acknowledged_span(tmp_path: Path) -> None:
     assert sidecar.exists()  # a killed collector leaves its sidecar; the pid is dead
 
     t0 = time.monotonic()
-    proc = start(db, port, log)
+    proc = start(db, port, log, extra)
     print(f"restart took {time.monotonic() - t0:.1f} s")
+    replayed = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()["counters"]["spool_replayed_spans"]
     try:
         info = json.loads(sidecar.read_text())
         assert info["pid"] == proc.pid
@@ -138,6 +153,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_span(tmp_path: Path) -> None:
         log.close()
     assert rc == 0, (tmp_path / "collector.log").read_text()
     assert not sidecar.exists()
+    return replayed
     con = duckdb.connect(str(db), read_only=True)
     try:
         total = con.sql("select count(*) from raw_spans").fetchall()[0][0]
