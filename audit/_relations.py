@@ -114,6 +114,11 @@ def parametrised(relations: list[Relation] | None = None) -> set[str]:
     return found
 
 
+SCOPE_VARIABLES: Final = ("routeaudit_scope_run",)
+"""Session variables that only narrow a live computation to rows the cached tables also hold
+(one run's requests; everything computed across requests is per run), so the cache stays valid
+whatever their value: they have no default and play no part in choosing the cache."""
+
 CACHE_SUFFIX: Final = "__cached"
 LIVE_SUFFIX: Final = "__live"
 _DEFAULTED_VARIABLE = re.compile(r"coalesce\(\s*getvariable\('(\w+)'\)\s*,\s*([-0-9.]+)\s*\)")

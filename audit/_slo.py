@@ -101,10 +101,15 @@ def _positive(value: object, what: str) -> float:
     return f
 
 
-def query_with_slo(reader: Any, sql: str, params: Sequence[Any] | None, slo: object) -> Any:
-    """``reader.query(sql, params)``, passing the SLO to readers that accept one
-    (``audit.Reader`` sets it as the session variables the attribution relations read);
-    a reader without that parameter judges by the defaults."""
-    if slo is not None and "slo" in inspect.signature(reader.query).parameters:
-        return reader.query(sql, params, slo=as_slo(slo))
-    return reader.query(sql, params)
+def query_with_slo(reader: Any, sql: str, params: Sequence[Any] | None, slo: object,
+                   variables: Mapping[str, float | str] | None = None) -> Any:
+    """``reader.query(sql, params)``, passing the SLO (and further session ``variables``) to
+    readers that accept them (``audit.Reader`` sets them as the session variables the
+    attribution relations read); a reader without those parameters judges by the defaults."""
+    accepts = inspect.signature(reader.query).parameters
+    kwargs: dict[str, Any] = {}
+    if slo is not None and "slo" in accepts:
+        kwargs["slo"] = as_slo(slo)
+    if variables and "variables" in accepts:
+        kwargs["variables"] = dict(variables)
+    return reader.query(sql, params, **kwargs)

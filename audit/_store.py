@@ -268,14 +268,17 @@ class Reader:
             raise StoreError(f"no store at {self.path} (start `routeaudit collect --db {self.path}` or run `routeaudit demo`)")
 
     def query(self, sql: str, params: Sequence[Any] | None = None, *,
-              slo: SLO | None = None) -> pl.DataFrame:
-        """Run one read-only query and return its rows; ``slo`` overrides :attr:`slo`."""
-        return pl.from_arrow(self.query_arrow(sql, params, slo=slo))  # type: ignore[return-value]
+              slo: SLO | None = None,
+              variables: Mapping[str, float | str] | None = None) -> pl.DataFrame:
+        """Run one read-only query and return its rows; ``slo`` overrides :attr:`slo`;
+        ``variables`` adds session variables (e.g. ``routeaudit_scope_run``, docs/attribution.md)."""
+        return pl.from_arrow(self.query_arrow(sql, params, slo=slo, variables=variables))  # type: ignore[return-value]
 
     def query_arrow(self, sql: str, params: Sequence[Any] | None = None, *,
-                    slo: SLO | None = None) -> pa.Table:
+                    slo: SLO | None = None,
+                    variables: Mapping[str, float | str] | None = None) -> pa.Table:
         check_read_only(sql)
-        variables = (slo or self.slo).variables()
+        variables = {**(slo or self.slo).variables(), **(variables or {})}
         remote = _live_collector(self.path)
         if remote is not None:
             return _query_collector(remote, sql, params, variables)

@@ -18,6 +18,7 @@ file (after WAL replay) must be at least the acknowledged spans. The collector's
 
     python3 benchmarks/ingest.py                       # stages + 15 s per transport
     python3 benchmarks/ingest.py --seconds 60 --transports http   # the issue's 60 s run
+    python3 benchmarks/ingest.py --seconds 60 --transports http --spool   # acknowledged at the spool
 """
 
 from __future__ import annotations
@@ -232,14 +233,14 @@ def _rss(pid: int) -> tuple[int, int]:
 
 def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
                seconds: float, refresh_interval: float | None = None,
-               spool: bool = False) -> dict[str, Any]:
+               spool: bool = False, queue_max_spans: int = 200_000) -> dict[str, Any]:
     import httpx
 
     tmp = tempfile.mkdtemp(prefix="ra-ingest-")
     http_port, grpc_port = _free_port(), _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "collectors.otlp", "--db", f"{tmp}/audit.duckdb",
                              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                             "--queue-max-spans", os.environ.get("RA_QUEUE", "200000")] + (["--max-group-spans", os.environ["RA_GROUP"]] if "RA_GROUP" in os.environ else [])
+                             "--queue-max-spans", str(queue_max_spans)]
                             + (["--refresh-interval", str(refresh_interval)] if refresh_interval else [])
                             + (["--spool"] if spool else []),
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -324,6 +325,8 @@ def main() -> None:
     ap.add_argument("--no-stages", action="store_true")
     ap.add_argument("--spool", action="store_true",
                     help="run the collector with --spool (acknowledge at the spool sync)")
+    ap.add_argument("--queue-max-spans", type=int, default=200_000,
+                    help="the collector's queue bound (its memory under load)")
     ap.add_argument("--refresh-interval", type=float, default=None, metavar="S",
                     help="collector's background relation rebuild interval (default: the "
                          "collector's own, 2 s); a large value measures ingest alone")
@@ -338,7 +341,7 @@ def main() -> None:
             print(f"  {name:<36} {rate:>10,.0f}")
     for transport in args.transports:
         r = end_to_end(transport, bodies, args.batch, args.senders, args.seconds,
-                       args.refresh_interval, args.spool)
+                       args.refresh_interval, args.spool, args.queue_max_spans)
         ok = "OK" if r["stored"] >= r["acked"] else "MISSING SPANS"
         print(f"end to end {transport:<5} ({'spool, ' if args.spool else ''}refresh every {args.refresh_interval or 2:g} s) "
               f"{r['spans_per_s']:>9,.0f} spans/s  acked {r['acked']:,} "

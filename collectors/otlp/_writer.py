@@ -104,7 +104,6 @@ class Writer:
         fut: Future[None] = Future()
         # Only exports are spooled: snapshot rows are the collector's own and nobody waits for them.
         spooled = self._spool is not None and spans is not None and spans.num_rows > 0
-        record = encode_record(spans, events) if spooled else []  # type: ignore[arg-type]
         with self._cond:
             if self._closing:
                 raise WriterUnavailable("collector is shutting down")
@@ -112,14 +111,22 @@ class Writer:
                 raise QueueFull(
                     f"write queue full ({self._depth} spans waiting, limit {self._limit}); retry later"
                 )
-            item = _Item(spans, events, snapshots, weight, fut)
-            if spooled:
-                try:
-                    item.segment = self._spool.append_record(record, fut)  # type: ignore[union-attr]
-                except (OSError, SpoolError) as exc:
-                    raise WriterUnavailable(f"spool write failed: {one_line(exc)}") from exc
+            self._depth += weight  # reserved: the spool write below happens outside the lock
+        item = _Item(spans, events, snapshots, weight, fut)
+        if spooled:
+            try:
+                record = encode_record(spans, events)  # type: ignore[arg-type]
+                item.segment = self._spool.append_record(record, fut)  # type: ignore[union-attr]
+            except (OSError, SpoolError, pa.ArrowException) as exc:
+                with self._cond:
+                    self._depth -= weight
+                raise WriterUnavailable(f"spool write failed: {one_line(exc)}") from exc
+        with self._cond:
+            if self._closing and not spooled:  # close() began meanwhile: nobody would commit it
+                self._depth -= weight
+                raise WriterUnavailable("collector is shutting down")
+            # (a spooled batch is safe either way: committed, or replayed at the next start)
             self._queue.append(item)
-            self._depth += weight
             self._cond.notify()
         return fut
 
@@ -174,9 +181,9 @@ class Writer:
                     continue
                 # Spooled batches were acknowledged: keep them, first in line, and pause.
                 self._queue.extendleft(reversed(left))
-                if self._closing:
+                if self._cond.wait_for(lambda: self._closing,
+                                       _RETRY_PAUSE_S[min(failures, len(_RETRY_PAUSE_S) - 1)]):
                     return
-                self._cond.wait(_RETRY_PAUSE_S[min(failures, len(_RETRY_PAUSE_S) - 1)])
                 failures += 1
 
     def _commit(self, group: list[_Item]) -> list[_Item]:

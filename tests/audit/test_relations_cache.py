@@ -58,8 +58,11 @@ def test_other_settings_are_computed_live(sample_store: Path, variable: str, val
 def test_every_variable_the_sql_reads_has_a_default() -> None:
     # the cache is valid only where every variable is at its default: a variable read without
     # one would be invisible to that check
+    # (scope variables excepted: they only narrow rows the cache holds too)
     text = "".join(r.sql for r in _relations.load_relations())
-    assert text.count("getvariable(") == len(_relations.variable_defaults()) > 10
+    scoped = sum(text.count(f"getvariable('{v}')") for v in _relations.SCOPE_VARIABLES)
+    assert scoped > 0
+    assert text.count("getvariable(") - scoped == len(_relations.variable_defaults()) > 10
 
 
 def test_small_stores_are_not_cached(tmp_path: Path) -> None:
@@ -70,3 +73,40 @@ def test_small_stores_are_not_cached(tmp_path: Path) -> None:
                 .column(0).to_pylist())
     store.close()
     assert "attributions" in names and "attributions__cached" not in names
+
+
+def test_a_run_scope_gives_that_runs_live_rows(sample_store: Path) -> None:
+    """``routeaudit_scope_run`` limits the live computation to one run without changing that
+    run's rows; the dashboard's one-request query uses it, and falls back to the cache at the
+    defaults."""
+    import audit
+    from audit import queries
+
+    con = duckdb.connect(str(sample_store), read_only=True)
+    con.execute("set variable routeaudit_ttft_slo_ms = 300.0")
+    runs = [r[0] for r in con.sql("select distinct run_id from requests order by 1").fetchall()]
+    assert len(runs) >= 2
+    for run in runs:
+        for name in ("attributions", "slow_requests"):
+            con.execute("reset variable routeaudit_scope_run")
+            want = _rows(con, f"select * from {name}__live where run_id = '{run}'")
+            con.execute(f"set variable routeaudit_scope_run = '{run}'")
+            got = _rows(con, f"select * from {name}__live")
+            assert got == want and want, (name, run)
+            # the scope did narrow the computation (the judged requests are that run's only)
+            assert con.sql("select list(distinct run_id) from int_attr_requests_judged"
+                           ).fetchall()[0][0] == [run]
+    plan = con.sql("explain select * from attributions").fetchall()[0][1]
+    assert "int_attr_candidates_state" in plan  # still live (the SLO is not the default)
+    slow = con.sql("select request_id from attributions__live where is_primary limit 1").fetchall()[0][0]
+    con.execute("reset variable routeaudit_ttft_slo_ms")
+    slow_at_default = con.sql("select request_id from attributions where is_primary limit 1").fetchall()[0][0]
+    con.close()
+
+    reader = audit.open(sample_store)
+    for slo, request in (({"ttft_ms": 300.0, "tpot_ms": 100.0}, slow), (None, slow_at_default)):
+        got = queries.request_attributions(reader, request, slo)
+        live = reader.query("select * from attributions where request_id = ? "
+                            "order by is_primary desc, excess_ms desc nulls last", [request],
+                            slo=audit.SLO(**slo) if slo else None)
+        assert got.equals(live) and got.height > 0

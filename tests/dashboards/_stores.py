@@ -227,7 +227,8 @@ _MART_SQL = {
                 as predicted_cached_tokens,
             (hash(d.request_id || reps.replica) % 300)::double as est_queue_ms,
             (hash(reps.replica || d.request_id) % 200)::double as est_prefill_ms,
-            (case when reps.replica = d.chosen_replica then 1.0 else 0.5 end)::double as score
+            (case when reps.replica = d.chosen_replica then 1.0 else 0.5 end)::double as score,
+            d.router_id, d.decided_at
         from decisions as d
         inner join requests as r using (request_id)
         cross join reps

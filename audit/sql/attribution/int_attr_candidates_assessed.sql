@@ -13,6 +13,13 @@ judged as (
 
 state as (
     select * from int_attr_candidates_state
+    -- the run scope of int_attr_requests_judged (the state is keyed by request)
+    where
+        getvariable('routeaudit_scope_run') is null
+        or request_id in (
+            select request_id from requests
+            where run_id = getvariable('routeaudit_scope_run')
+        )
 ),
 
 fits as (

@@ -6,6 +6,12 @@ with
 
 all_requests as (
     select * from requests
+    -- routeaudit_scope_run (no default: unset means every run) limits a live computation to
+    -- one run; everything computed across requests here is per run, so that run's rows are
+    -- the same either way
+    where
+        getvariable('routeaudit_scope_run') is null
+        or run_id = getvariable('routeaudit_scope_run')
 ),
 
 targets as (

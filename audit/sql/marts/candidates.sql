@@ -59,7 +59,10 @@ final as (
         candidates.predicted_cached_tokens,
         candidates.est_queue_ms,
         candidates.est_prefill_ms,
-        candidates.score
+        candidates.score,
+        -- the decision's router and time, so telemetry-age queries need no join to decisions
+        decisions_source.router_id,
+        decisions_source.decided_at
     from stg_candidates_source as candidates
     inner join decisions_source
         on decisions_source.trace_id = candidates.trace_id
