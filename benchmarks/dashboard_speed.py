@@ -46,6 +46,11 @@ def page_queries(reader: Any, slo: dict[str, float]) -> dict[str, Timed]:
             ("slow_cause_breakdown", lambda: q.slow_cause_breakdown(reader, slo)),
             ("slow_requests", lambda: q.slow_requests(reader, slo)),
         ],
+        # the same page with the sidebar's run filter set: the live attribution is scoped to it
+        f"slow, one run ({runs[0] if runs else None})": [
+            ("slow_cause_breakdown", lambda: q.slow_cause_breakdown(reader, slo, run=runs[0] if runs else None)),
+            ("slow_requests", lambda: q.slow_requests(reader, slo, run=runs[0] if runs else None)),
+        ],
         f"request ({rid})": [
             ("request_detail", lambda: q.request_detail(reader, rid)),
             ("request_attributions", lambda: q.request_attributions(reader, rid, slo)),
