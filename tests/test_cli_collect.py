@@ -28,12 +28,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def collector(tmp_path: Path):  # type: ignore[no-untyped-def]
+def collector(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     db = tmp_path / "live.duckdb"
     port = free_port()
+    extra = list(getattr(request, "param", ()))  # e.g. ("--spool",) through indirect parametrize
     proc = subprocess.Popen(
         [sys.executable, "-m", "routeaudit", "collect", "--db", str(db), "--http-port", str(port),
-         "--grpc-port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--grpc-port", "0", *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -94,11 +96,16 @@ def _poll(db: Path, sql: str, want: list[str], within_s: float) -> float:
         time.sleep(0.3)
 
 
+@pytest.mark.parametrize("collector", [(), ("--spool",)], indirect=True, ids=["commit", "spool"])
 def test_sql_reads_while_collect_writes(collector) -> None:  # type: ignore[no-untyped-def]
     db, port, proc = collector
     sidecar = Path(f"{db}.collector.json")
     assert sidecar.exists() and oct(os.stat(sidecar).st_mode & 0o777) == "0o600"
+    spooled = "--spool" in proc.args
+    assert Path(f"{db}.spool").is_dir() == spooled
     _send_request(port, "cli-req-1")
+    if spooled:  # acknowledged at the spool sync: committed a moment later
+        _poll(db, "select count(*) as n from raw_spans", ["n", "3"], within_s=20)
     # Acknowledged spans are committed: the raw table shows them at once ...
     out = _cli("sql", "--db", str(db), "--format", "csv", "select count(*) as n from raw_spans")
     assert out.stdout.splitlines() == ["n", "3"], out.stderr
