@@ -114,10 +114,11 @@ def parametrised(relations: list[Relation] | None = None) -> set[str]:
     return found
 
 
-SCOPE_VARIABLES: Final = ("routeaudit_scope_run",)
+SCOPE_VARIABLES: Final = ("routeaudit_scope_run", "routeaudit_scope_request")
 """Session variables that only narrow a live computation to rows the cached tables also hold
-(one run's requests; everything computed across requests is per run), so the cache stays valid
-whatever their value: they have no default and play no part in choosing the cache."""
+(one run's or one request's; what is computed across requests is per run or read from tables),
+so the cache stays valid whatever their value: they have no default and play no part in
+choosing the cache."""
 
 CACHE_SUFFIX: Final = "__cached"
 LIVE_SUFFIX: Final = "__live"

@@ -75,8 +75,8 @@ DEFAULT_SLO: Final[Mapping[str, float]] = {"ttft_ms": DEFAULT_TTFT_SLO_MS,
                                             "tpot_ms": DEFAULT_TPOT_SLO_MS}
 """Default SLO targets (ms) when the caller gives none."""
 
-SCOPE_RUN_VARIABLE: Final = _relations.SCOPE_VARIABLES[0]
-"""Session variable limiting the live attribution views to one run (unset: every run)."""
+SCOPE_RUN_VARIABLE, SCOPE_REQUEST_VARIABLE = _relations.SCOPE_VARIABLES
+"""Session variables limiting the live attribution views to one run / one request."""
 
 TABLE_LIMIT: Final = 500
 """Default row cap on tables shown to a person."""
@@ -111,16 +111,18 @@ def _slo(slo: object) -> tuple[float, float]:
 
 
 def _query(reader: Reads, sql: str, params: Sequence[Any] | None = None,
-           slo: Mapping[str, float] | None = None, *, run: str | None = None) -> pl.DataFrame:
+           slo: Mapping[str, float] | None = None, *, run: str | None = None,
+           request: str | None = None) -> pl.DataFrame:
     """Every query of the dashboard goes through here with the sidebar's SLO, so the causes
     shown follow the same targets as the slow/good split computed here.
 
     ``run``: the query only looks at that run's requests. It then also limits the live
     attribution computation (the one at a non-default SLO) to that run
     (``routeaudit_scope_run``; docs/attribution.md), which gives the same rows for that run in
-    a fraction of the time on a store of many runs."""
-    scope = {SCOPE_RUN_VARIABLE: run} if run is not None else None
-    return query_with_slo(reader, sql, params, slo, scope)  # type: ignore[no-any-return]
+    a fraction of the time on a store of many runs. ``request``: likewise for one request."""
+    scope = {name: value for name, value in ((SCOPE_RUN_VARIABLE, run),
+                                             (SCOPE_REQUEST_VARIABLE, request)) if value is not None}
+    return query_with_slo(reader, sql, params, slo, scope or None)  # type: ignore[no-any-return]
 
 # --------------------------------------------------------------------------------------------
 # What exists
@@ -600,18 +602,14 @@ def request_attributions(reader: Reads, request_id: str,
     when the attribution relations are not installed."""
     if not has_relation(reader, "attributions", *_ATTR_COLS):
         return pl.DataFrame()
-    # Its attributions only depend on its own run: compute that run only (when it has one).
-    runs = reader.query(
-        "select list(distinct run_id) as runs, count(*) filter (where run_id is null) as unscoped "
-        "from requests where request_id = ?", [request_id]).row(0, named=True)
-    run = runs["runs"][0] if len(runs["runs"] or []) == 1 and not runs["unscoped"] else None
+    # Computed live (a non-default SLO), only this request's rows are computed.
     return _query(
         reader,
         "select * from attributions where request_id = ? "
         "order by is_primary desc, excess_ms desc nulls last",
         [request_id],
         slo,
-        run=run,
+        request=request_id,
     )
 
 

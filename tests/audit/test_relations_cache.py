@@ -75,10 +75,10 @@ def test_small_stores_are_not_cached(tmp_path: Path) -> None:
     assert "attributions" in names and "attributions__cached" not in names
 
 
-def test_a_run_scope_gives_that_runs_live_rows(sample_store: Path) -> None:
-    """``routeaudit_scope_run`` limits the live computation to one run without changing that
-    run's rows; the dashboard's one-request query uses it, and falls back to the cache at the
-    defaults."""
+def test_a_scope_gives_the_same_live_rows(sample_store: Path) -> None:
+    """``routeaudit_scope_run`` / ``routeaudit_scope_request`` limit the live computation to one
+    run / one request without changing its rows; the dashboard's one-request query uses the
+    request scope, and reads the cache at the defaults."""
     import audit
     from audit import queries
 
@@ -96,8 +96,19 @@ def test_a_run_scope_gives_that_runs_live_rows(sample_store: Path) -> None:
             # the scope did narrow the computation (the judged requests are that run's only)
             assert con.sql("select list(distinct run_id) from int_attr_requests_judged"
                            ).fetchall()[0][0] == [run]
+    con.execute("reset variable routeaudit_scope_run")
     plan = con.sql("explain select * from attributions").fetchall()[0][1]
     assert "int_attr_candidates_state" in plan  # still live (the SLO is not the default)
+    # one request: every cause of each request explained, plus requests that are not slow
+    picked = [r[0] for r in con.sql(
+        "(select distinct request_id from attributions__live order by 1 limit 30) "
+        "union all (select request_id from requests order by request_id limit 3)").fetchall()]
+    for request in picked:
+        want = _rows(con, f"select * from attributions__live where request_id = '{request}'")
+        con.execute(f"set variable routeaudit_scope_request = '{request}'")
+        assert _rows(con, "select * from attributions__live") == want, request
+        assert con.sql("select count(*) from int_attr_requests_judged").fetchall()[0][0] == 1
+        con.execute("reset variable routeaudit_scope_request")
     slow = con.sql("select request_id from attributions__live where is_primary limit 1").fetchall()[0][0]
     con.execute("reset variable routeaudit_ttft_slo_ms")
     slow_at_default = con.sql("select request_id from attributions where is_primary limit 1").fetchall()[0][0]

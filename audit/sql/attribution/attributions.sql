@@ -119,20 +119,9 @@ best_alternative as (
 ),
 
 client_gaps as (
-    -- the client-minus-replica TTFT gap a request of the run normally has
-    select
-        run_id,
-        median(ttft_ms - replica_ttft_ms) as run_gap_p50_ms
-    from (
-        select distinct
-            request_id,
-            run_id,
-            ttft_ms,
-            replica_ttft_ms
-        from assessed
-        where has_client and replica_ttft_ms is not null and status = 'ok'
-    )
-    group by all
+    -- the client-minus-replica TTFT gap a request of the run normally has (a table: it
+    -- depends on no setting, and a scoped computation still needs the whole run)
+    select * from int_attr_client_gaps
 ),
 
 subjects as (

@@ -13,12 +13,18 @@ judged as (
 
 state as (
     select * from int_attr_candidates_state
-    -- the run scope of int_attr_requests_judged (the state is keyed by request)
+    -- the scope of int_attr_requests_judged (the state is keyed by request)
     where
-        getvariable('routeaudit_scope_run') is null
-        or request_id in (
-            select request_id from requests
-            where run_id = getvariable('routeaudit_scope_run')
+        (
+            getvariable('routeaudit_scope_run') is null
+            or request_id in (
+                select request_id from requests
+                where run_id = getvariable('routeaudit_scope_run')
+            )
+        )
+        and (
+            getvariable('routeaudit_scope_request') is null
+            or request_id = getvariable('routeaudit_scope_request')
         )
 ),
 

@@ -6,12 +6,19 @@ with
 
 all_requests as (
     select * from requests
-    -- routeaudit_scope_run (no default: unset means every run) limits a live computation to
-    -- one run; everything computed across requests here is per run, so that run's rows are
-    -- the same either way
+    -- routeaudit_scope_run / routeaudit_scope_request (no default: unset means all) limit a
+    -- live computation to one run or one request. What the live views compute across
+    -- requests is per run or comes from tables (int_attr_client_gaps, the state), so the
+    -- rows of the requests in scope are the same either way (docs/attribution.md)
     where
-        getvariable('routeaudit_scope_run') is null
-        or run_id = getvariable('routeaudit_scope_run')
+        (
+            getvariable('routeaudit_scope_run') is null
+            or run_id = getvariable('routeaudit_scope_run')
+        )
+        and (
+            getvariable('routeaudit_scope_request') is null
+            or request_id = getvariable('routeaudit_scope_request')
+        )
 ),
 
 targets as (
