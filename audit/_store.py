@@ -272,7 +272,8 @@ class Reader:
               variables: Mapping[str, float | str] | None = None) -> pl.DataFrame:
         """Run one read-only query and return its rows; ``slo`` overrides :attr:`slo`;
         ``variables`` adds session variables (e.g. ``routeaudit_scope_run``, docs/attribution.md)."""
-        return pl.from_arrow(self.query_arrow(sql, params, slo=slo, variables=variables))  # type: ignore[return-value]
+        table = self.query_arrow(sql, params, slo=slo, variables=variables)
+        return pl.from_arrow(table)  # type: ignore[return-value]
 
     def query_arrow(self, sql: str, params: Sequence[Any] | None = None, *,
                     slo: SLO | None = None,

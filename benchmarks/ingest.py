@@ -343,7 +343,8 @@ def main() -> None:
         r = end_to_end(transport, bodies, args.batch, args.senders, args.seconds,
                        args.refresh_interval, args.spool, args.queue_max_spans)
         ok = "OK" if r["stored"] >= r["acked"] else "MISSING SPANS"
-        print(f"end to end {transport:<5} ({'spool, ' if args.spool else ''}refresh every {args.refresh_interval or 2:g} s) "
+        mode = "spool, " if args.spool else ""
+        print(f"end to end {transport:<5} ({mode}refresh every {args.refresh_interval or 2:g} s) "
               f"{r['spans_per_s']:>9,.0f} spans/s  acked {r['acked']:,} "
               f"stored {r['stored']:,} ({ok})  refused requests {r['refused_requests']}  "
               f"wall {r['wall_s']:.1f} s  collector peak RSS {r['peak_rss_mib']:.0f} MiB  "
