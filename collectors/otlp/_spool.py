@@ -140,7 +140,8 @@ class Spool:
         committed, so a crash during replay replays it again (harmlessly: duplicates are ignored).
         """
         records = spans_total = 0
-        for path in self.leftover_segments():
+        segments = self.leftover_segments()
+        for k, path in enumerate(segments, 1):
             recs, torn = read_segment(path)
             if torn:
                 log.warning("spool %s: %d trailing bytes are not a whole record (a write cut short "
@@ -158,6 +159,9 @@ class Spool:
             records += len(recs)
             spans_total += sum(s.num_rows for s, _ in recs)
             path.unlink()
+            if len(segments) > 1:  # a long replay shows its progress
+                log.info("spool: segment %d/%d replayed (%d span(s) so far)", k, len(segments),
+                         spans_total)
         if records:
             log.info("spool: replayed %d export(s), %d span(s) into the store", records, spans_total)
         return records, spans_total
