@@ -103,6 +103,18 @@ def load_sample_data(store: Any) -> None:
                  snapshots=tables.get("raw_snapshots"))
 
 
+def write_sample_store(path: Path) -> Path:
+    """A store at ``path`` holding the committed sample data, its relations built; returns it."""
+    from audit._store import Store
+
+    store = Store(path)
+    try:
+        load_sample_data(store)
+    finally:
+        store.close()
+    return path
+
+
 def build_sample_data(*, progress: bool = True, regenerate: bool = False) -> Path:
     """Build ``sample_data/demo.duckdb`` from the committed Parquet files.
 
@@ -111,7 +123,6 @@ def build_sample_data(*, progress: bool = True, regenerate: bool = False) -> Pat
     """
     import duckdb
 
-    from audit._store import Store
     from audit.schema import RAW_TABLES
 
     if regenerate:
@@ -131,11 +142,7 @@ def build_sample_data(*, progress: bool = True, regenerate: bool = False) -> Pat
             con.close()
         _remove_store(scratch)
     _remove_store(SAMPLE_DB)
-    store = Store(SAMPLE_DB)
-    try:
-        load_sample_data(store)
-    finally:
-        store.close()
+    write_sample_store(SAMPLE_DB)
     if progress:
         print(f"sample store built: {SAMPLE_DB}", file=sys.stderr)
     return SAMPLE_DB

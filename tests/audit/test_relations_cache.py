@@ -10,15 +10,12 @@ import pytest
 
 from audit import _relations
 from audit._store import Store
-from routeaudit._demo import SAMPLE_DIR, load_sample_data
+from routeaudit._demo import SAMPLE_DIR, write_sample_store
 
 
 @pytest.fixture(scope="module")
 def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("cache") / "sample.duckdb"
-    store = Store(path)
-    load_sample_data(store)
-    store.close()
+    path = write_sample_store(tmp_path_factory.mktemp("cache") / "sample.duckdb")
     # the sample is smaller than CACHE_MIN_SPANS: build the cached relations explicitly
     con = duckdb.connect(str(path))
     _relations.refresh(con, cache_defaults=True)

@@ -342,14 +342,9 @@ def test_page_on_raw_spans(monkeypatch: pytest.MonkeyPatch, raw_db: Path, raw_re
 # --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def sample_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from audit._store import Store
-    from routeaudit._demo import load_sample_data
+    from routeaudit._demo import write_sample_store
 
-    path = tmp_path_factory.mktemp("sample") / "demo.duckdb"
-    store = Store(path)
-    load_sample_data(store)
-    store.close()
-    return path
+    return write_sample_store(tmp_path_factory.mktemp("sample") / "demo.duckdb")
 
 
 @pytest.mark.parametrize("page", list(PAGES))
