@@ -30,7 +30,7 @@ from collectors.otlp._export import Exporter
 from collectors.otlp._grpc import GrpcReceiver, GrpcServer
 from collectors.otlp._http import HttpReceiver, HttpServer, bind_socket
 from collectors.otlp._metrics import Metrics
-from collectors.otlp._spool import Spool, SpoolError, spool_path
+from collectors.otlp._spool import Spool, spool_path
 from collectors.otlp._status import one_line
 from collectors.otlp._writer import Writer
 from collectors.otlp.config import CollectorConfig
@@ -190,7 +190,7 @@ class Collector:
                 log.info("spool: replaying %d segment(s) from %s before listening", len(leftovers), folder)
             _, spans = spool.replay(lambda s, e: store.append(spans=s, events=e),
                                     max_group_spans=cfg.max_group_spans)
-        except (OSError, SpoolError) as exc:
+        except Exception as exc:  # folder, record or store: the collector must not start half-way
             raise StartError(f"cannot use spool {folder}: {one_line(exc)}") from exc
         self.metrics.inc("spool_replayed_spans", spans)
         if not cfg.spool:

@@ -277,15 +277,15 @@ class Spool:
             finally:
                 for fd in retired:
                     os.close(fd)
-            ready = [f for pos, f in waiting if pos <= target]
             with self._lock:
-                if error is None:
-                    self._synced = target
-                    # The rest (written after target was read) goes back to wait for the next sync.
-                    self._waiting[:0] = [(pos, f) for pos, f in waiting if pos > target]
-                else:
-                    log.error("spool sync failed: %s", error)
-            for fut in (ready if error is None else [f for _, f in waiting]):
+                # Either way these bytes are settled: synced, or their exports are told the sync
+                # failed (503, the sender retries). Settling them also keeps a failing disk from
+                # turning this loop into a busy one. (Every waiter taken above was written by
+                # then: writes and waiters are added under the same lock.)
+                self._synced = target
+            if error is not None:
+                log.error("spool sync failed: %s", error)
+            for _, fut in waiting:
                 if not fut.done():
                     if error is None:
                         fut.set_result(None)

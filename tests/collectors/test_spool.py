@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from collectors.otlp import Collector, CollectorConfig
 from collectors.otlp._errors import StartError
-from collectors.otlp._spool import Spool, encode_record, read_segment, spool_path
+from collectors.otlp._spool import Spool, SpoolError, encode_record, read_segment, spool_path
 
 
 @pytest.fixture(autouse=True)
@@ -98,6 +98,38 @@ def test_a_torn_tail_is_ignored_and_said(tmp_path: Path, caplog: pytest.LogCaptu
                                                   max_group_spans=1000) == (1, 5)
     assert got == [5]
     assert "not a whole record" in caplog.text
+
+
+def test_a_failed_sync_acknowledges_nothing_and_the_next_one_works(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    real = os.fdatasync
+    disk = {"broken": True, "calls": 0}
+
+    def flaky(fd: int) -> None:
+        disk["calls"] += 1
+        if disk["broken"]:
+            raise OSError(errno.EIO, "I/O error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", flaky)
+    spool = Spool(tmp_path / "s.spool")
+    spool.start()
+    try:
+        bad: Future[None] = Future()
+        spool.append_record(encode_record(_table(3), None), bad)
+        with pytest.raises(SpoolError, match="sync failed"):
+            bad.result(10)
+        time.sleep(0.3)
+        assert disk["calls"] == 1  # the failed bytes are settled, not synced again in a loop
+        disk["broken"] = False
+        good: Future[None] = Future()
+        spool.append_record(encode_record(_table(4), None), good)
+        good.result(10)  # and the spool keeps working
+    finally:
+        spool.close()
 
 
 # -- through the collector ---------------------------------------------------------------------------
