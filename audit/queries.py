@@ -116,10 +116,10 @@ def _query(reader: Reads, sql: str, params: Sequence[Any] | None = None,
     """Every query of the dashboard goes through here with the sidebar's SLO, so the causes
     shown follow the same targets as the slow/good split computed here.
 
-    ``run``: the query only looks at that run's requests. It then also limits the live
-    attribution computation (the one at a non-default SLO) to that run
-    (``routeaudit_scope_run``; docs/attribution.md), which gives the same rows for that run in
-    a fraction of the time on a store of many runs. ``request``: likewise for one request."""
+    ``run`` / ``request``: the caller's query reads only that run's / that request's rows, so
+    the live attribution computation (the one at a non-default SLO) may be limited to them
+    (``routeaudit_scope_run`` / ``routeaudit_scope_request``; docs/attribution.md): the same
+    rows, in a fraction of the time on a large store."""
     scope = {name: value for name, value in ((SCOPE_RUN_VARIABLE, run),
                                              (SCOPE_REQUEST_VARIABLE, request)) if value is not None}
     return query_with_slo(reader, sql, params, slo, scope or None)  # type: ignore[no-any-return]

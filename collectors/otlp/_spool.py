@@ -36,6 +36,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from collectors.otlp._errors import WriterUnavailable
+
 log = logging.getLogger("routeaudit.collector")
 
 SPOOL_SUFFIX = ".spool"
@@ -290,7 +292,8 @@ class Spool:
                     if error is None:
                         fut.set_result(None)
                     else:
-                        fut.set_exception(SpoolError(f"spool sync failed: {error.strerror}"))
+                        # answered like a failed commit: 503 / UNAVAILABLE, the sender retries
+                        fut.set_exception(WriterUnavailable(f"spool sync failed: {error.strerror}"))
             if done:
                 return
 

@@ -20,8 +20,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from collectors.otlp import Collector, CollectorConfig
-from collectors.otlp._errors import StartError
-from collectors.otlp._spool import Spool, SpoolError, encode_record, read_segment, spool_path
+from collectors.otlp._errors import StartError, WriterUnavailable
+from collectors.otlp._spool import Spool, encode_record, read_segment, spool_path
 
 
 @pytest.fixture(autouse=True)
@@ -120,7 +120,7 @@ def test_a_failed_sync_acknowledges_nothing_and_the_next_one_works(
     try:
         bad: Future[None] = Future()
         spool.append_record(encode_record(_table(3), None), bad)
-        with pytest.raises(SpoolError, match="sync failed"):
+        with pytest.raises(WriterUnavailable, match="sync failed"):  # answered 503, retried
             bad.result(10)
         time.sleep(0.3)
         assert disk["calls"] == 1  # the failed bytes are settled, not synced again in a loop
