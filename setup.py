@@ -1,8 +1,9 @@
-"""Build of the optional native OTLP decoder (collectors/otlp/_native.c).
+"""Build of the optional C extensions: the native OTLP decoder (collectors/otlp/_native.c) and
+the recorder's candidates JSON formatter (collectors/router/_native.c).
 
-Everything else is declared in pyproject.toml. The extension is optional: when it does not
-compile (no compiler, no Python headers), ``pip install`` still succeeds and the collector uses
-the pure-Python decoder (``collectors.otlp._decode.decode``).
+Everything else is declared in pyproject.toml. Both are optional: when one does not compile
+(no compiler, no Python headers), ``pip install`` still succeeds and the pure-Python code is
+used (``collectors.otlp._decode.decode``, ``collectors.router._recorder._candidates_json``).
 """
 
 from setuptools import Extension, setup
@@ -14,6 +15,12 @@ setup(
             sources=["collectors/otlp/_native.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"],
             optional=True,
-        )
+        ),
+        Extension(
+            "collectors.router._native",
+            sources=["collectors/router/_native.c"],
+            extra_compile_args=["-O2", "-std=gnu99", "-Wall"],
+            optional=True,
+        ),
     ],
 )

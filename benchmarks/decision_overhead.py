@@ -4,17 +4,22 @@
 
 For each candidate encoding (``json``, the default, and ``events``):
 
-1. µs per decision with 8 candidates, OTel SDK + BatchSpanProcessor + a no-op exporter, against
-   the same span (and events) written directly with the SDK from prebuilt values (the floor any
-   instrumentation pays); the same for a decision followed by its forward span (with the
-   trace-context headers); and the recorder's own work without an SDK.
+1. µs per decision with 8 candidates, OTel SDK + BatchSpanProcessor + a no-op exporter: the
+   recorder as shipped (direct spans, collectors/router/_direct_spans.py), the recorder through
+   the SDK's ``Tracer.start_span`` (``direct_spans=False``), and the same span (and events)
+   written with ``Tracer.start_span`` from prebuilt values (what any instrumentation using the
+   SDK's spans pays); the same for a decision followed by its forward span (with the
+   trace-context headers); the recorder's whole work with an SDK provider that has no span
+   processor (building the record and the spans, no export queue); and with no SDK at all
+   (no-op: candidates are not even formatted).
 2. Throughput of the minimal round-robin router of docs/instrument-your-router.md with
    instrumentation vs the same router without it, over real loopback sockets. Each router runs
    alone in its own process (uvicorn, one core's worth of Python); the fake worker (one process
    listening on ``--workers`` ports, so the router sees that many candidates) and the load
    generator (fixed request count and concurrency, keep-alive connections) are separate
    processes written against raw asyncio streams so that they cost little next to the router.
-   Runs are interleaved (plain, json, events) ×3; best of 3 each; ratios instrumented/plain.
+   Runs are interleaved (plain, json, json through the SDK's spans, events) ×3; best of 3 each;
+   ratios instrumented/plain.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import json
 import multiprocessing as mp
 import re
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -51,6 +57,7 @@ from collectors.router._recorder import extract_context  # noqa: E402
 
 N_CANDIDATES = 8
 ENCODINGS = ("json", "events")
+ROUTERS = ("plain", "json", "json-sdk", "events")
 
 
 class NullExporter(SpanExporter):
@@ -158,13 +165,21 @@ def bench_decisions(n: int) -> dict[str, dict[str, float]]:
     try:
         for enc in ENCODINGS:
             rec = DecisionRecorder("least_load", "bench", tp, candidate_encoding=enc)
+            via_sdk = DecisionRecorder("least_load", "bench", tp, candidate_encoding=enc,
+                                       direct_spans=False)
+            unexported = DecisionRecorder("least_load", "bench", TracerProvider(),
+                                          candidate_encoding=enc)
             noop = DecisionRecorder("least_load", "bench", NoOpTracerProvider(),
                                     candidate_encoding=enc)
             out[enc] = {
                 "recorder": timed(lambda rec=rec: instrumented(rec, False)),
+                "recorder_sdk": timed(lambda r=via_sdk: instrumented(r, False)),
                 "raw": timed(lambda enc=enc: raw_sdk(enc, False)),
                 "recorder_fwd": timed(lambda rec=rec: instrumented_fwd(rec)),
+                "recorder_sdk_fwd": timed(lambda r=via_sdk: instrumented_fwd(r)),
                 "raw_fwd": timed(lambda enc=enc: raw_sdk(enc, True)),
+                "own": timed(lambda r=unexported: instrumented(r, False)),
+                "own_fwd": timed(lambda r=unexported: instrumented_fwd(r)),
                 "noop": timed(lambda noop=noop: instrumented(noop, False)),
             }
         return out
@@ -213,14 +228,16 @@ def worker_main(ports: list[int], ready: Any) -> None:
     asyncio.run(main())
 
 
-def doc_router(workers: list[str], tp: TracerProvider, encoding: str) -> Any:
+def doc_router(workers: list[str], tp: TracerProvider, kind: str) -> Any:
     text = (ROOT / "docs" / "instrument-your-router.md").read_text()
     block = re.search(r"<!-- router-example:start -->\n```python\n(.*?)```", text, re.S)
     assert block is not None
     ns: dict[str, Any] = {"__name__": "doc_router"}
     exec(block.group(1), ns)
-    # the doc's recorder, with this run's candidate encoding
-    ns["DecisionRecorder"] = functools.partial(DecisionRecorder, candidate_encoding=encoding)
+    # the doc's recorder, with this run's candidate encoding (and span path)
+    encoding, _, path = kind.partition("-")
+    ns["DecisionRecorder"] = functools.partial(DecisionRecorder, candidate_encoding=encoding,
+                                               direct_spans=path != "sdk")
     return ns["make_app"](workers, tracer_provider=tp)
 
 
@@ -266,7 +283,7 @@ def plain_router(workers: list[str]) -> Any:
 
 
 def router_main(kind: str, workers: list[str], ready: Any) -> None:
-    """One router under test, alone in this process: ``plain`` or a candidate encoding."""
+    """One router under test, alone in this process: one of :data:`ROUTERS`."""
     import uvicorn
 
     tp = None
@@ -341,8 +358,9 @@ def _start(ctx: Any, target: Any, *args: Any) -> tuple[Any, Any]:
     return proc, parent.recv()
 
 
-def bench_throughput(n: int, concurrency: int, n_workers: int) -> dict[str, float]:
-    """Best-of-3 req/s of each router (``plain``, ``json``, ``events``), interleaved."""
+def bench_throughput(n: int, concurrency: int, n_workers: int, rounds: int = 3
+                     ) -> dict[str, list[float]]:
+    """req/s of each of :data:`ROUTERS` in each of ``rounds`` interleaved rounds."""
     ctx = mp.get_context("spawn")
     procs = []
     try:
@@ -350,16 +368,16 @@ def bench_throughput(n: int, concurrency: int, n_workers: int) -> dict[str, floa
         procs.append(worker)
         workers = [f"http://127.0.0.1:{p}" for p in ports]
         routers: dict[str, int] = {}
-        for kind in ("plain", *ENCODINGS):
+        for kind in ROUTERS:
             proc, port = _start(ctx, router_main, kind, workers)
             procs.append(proc)
             routers[kind] = port
         time.sleep(0.5)
         rates: dict[str, list[float]] = {k: [] for k in routers}
-        for _ in range(3):  # interleave to share machine noise
+        for _ in range(rounds):  # interleave to share machine noise
             for kind, port in routers.items():
                 rates[kind].append(asyncio.run(load(port, n, concurrency)))
-        return {k: max(v) for k, v in rates.items()}
+        return rates
     finally:
         for p in procs:
             p.terminate()
@@ -374,6 +392,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--workers", type=int, default=N_CANDIDATES,
                     help="worker ports = candidates per decision in the router (default 8)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved throughput rounds; the best of them is reported")
     ap.add_argument("--skip-throughput", action="store_true")
     args = ap.parse_args()
 
@@ -383,22 +403,27 @@ def main() -> None:
     for enc in ENCODINGS:
         r = res[enc]
         print(f"  candidate_encoding={enc!r}")
-        print(f"    decision span: DecisionRecorder {r['recorder']:7.1f}   raw SDK floor "
-              f"{r['raw']:7.1f}   beyond the SDK {r['recorder'] - r['raw']:6.1f} "
-              f"(ratio {r['recorder'] / r['raw']:.2f})")
-        print(f"    + forward span and headers:    {r['recorder_fwd']:7.1f}   raw SDK floor "
-              f"{r['raw_fwd']:7.1f}   beyond the SDK {r['recorder_fwd'] - r['raw_fwd']:6.1f}")
-        print(f"    recorder's own work, no SDK:   {r['noop']:7.1f}")
+        print(f"    decision span:              recorder {r['recorder']:7.1f}   via SDK spans "
+              f"{r['recorder_sdk']:7.1f}   hand-written SDK spans {r['raw']:7.1f}")
+        print(f"    + forward span and headers: recorder {r['recorder_fwd']:7.1f}   via SDK spans "
+              f"{r['recorder_sdk_fwd']:7.1f}   hand-written SDK spans {r['raw_fwd']:7.1f}")
+        print(f"    recorder's whole work with an SDK provider without span processor: "
+              f"decision span {r['own']:7.1f}, + forward {r['own_fwd']:7.1f}")
+        print(f"    no SDK (no-op provider), decision span: {r['noop']:7.1f}")
     if args.skip_throughput:
         return
-    rates = bench_throughput(args.requests, args.concurrency, args.workers)
+    runs = bench_throughput(args.requests, args.concurrency, args.workers, args.rounds)
+    rates = {k: max(v) for k, v in runs.items()}
     print(f"minimal round-robin router of docs/instrument-your-router.md, each router in its own "
           f"process; {args.workers} worker ports (= candidates), {args.requests} requests, "
-          f"concurrency {args.concurrency}, interleaved, best of 3:")
+          f"concurrency {args.concurrency}, interleaved; best of {args.rounds}, and the median "
+          f"of the {args.rounds} rounds' own ratios (each round runs every router once):")
     print(f"  without instrumentation        {rates['plain']:8.0f} req/s")
-    for enc in ENCODINGS:
-        print(f"  instrumented, {enc:6s}           {rates[enc]:8.0f} req/s   "
-              f"ratio instrumented/plain {rates[enc] / rates['plain']:.3f}")
+    for kind in ROUTERS[1:]:
+        paired = statistics.median(a / b for a, b in zip(runs[kind], runs["plain"], strict=True))
+        print(f"  instrumented, {kind:8s}         {rates[kind]:8.0f} req/s   "
+              f"ratio instrumented/plain {rates[kind] / rates['plain']:.3f} (best), "
+              f"{paired:.3f} (median of rounds)")
 
 
 if __name__ == "__main__":

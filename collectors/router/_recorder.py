@@ -9,10 +9,12 @@ Contract for router authors:
   and propagate unchanged.
 * **Cheap.** ``candidate()`` only stores a tuple; attributes are built once, when the decision
   span ends, and set with one call. By default (``candidate_encoding="json"``) all candidates
-  become one JSON string attribute (``routeaudit.decision.candidates``), formatted without a
-  per-candidate SDK call; ``"events"`` emits one ``routeaudit.candidate`` span event per
-  candidate instead (about ten times the SDK cost). Without an OpenTelemetry SDK everything is a
-  no-op except the trace-context headers, which still carry an incoming ``traceparent`` through.
+  become one JSON string attribute (``routeaudit.decision.candidates``), formatted in C when the
+  optional ``collectors/router/_native.c`` compiled; ``"events"`` emits one
+  ``routeaudit.candidate`` span event per candidate instead. With the SDK's provider and export
+  processors, spans go straight to the processors (:mod:`._direct_spans`). Without an
+  OpenTelemetry SDK everything is a no-op except the trace-context headers, which still carry an
+  incoming ``traceparent`` through.
 * **No context juggling.** Spans are never made "current" (no contextvars attach/detach), so the
   same code works in threads, asyncio tasks and callbacks; parents are passed explicitly.
 * A decision object belongs to one request in one thread/task; the recorder itself is shared and
@@ -38,6 +40,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from audit import semconv as sc
 
+from ._direct_spans import DirectSpans
 from ._records import DecisionRecord
 
 __all__ = ["CandidateEncoding", "Decision", "DecisionRecorder", "Forward", "INSTRUMENTATION_NAME"]
@@ -144,6 +147,11 @@ class DecisionRecorder:
     in the one string attribute ``routeaudit.decision.candidates``; ``"events"`` adds one
     ``routeaudit.candidate`` span event per candidate (the original form; both are read by the
     collector). See the module docstring for the error contract.
+
+    ``direct_spans`` (default True): with the OpenTelemetry SDK's provider and export processors,
+    hand finished spans straight to the processors instead of building the SDK's mutable spans:
+    the same spans, for a fraction of the cost (``collectors/router/_direct_spans.py`` says when
+    it applies). False always takes the SDK's ``Tracer.start_span``.
     """
 
     def __init__(
@@ -152,6 +160,8 @@ class DecisionRecorder:
         router_id: str | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         candidate_encoding: CandidateEncoding = "json",
+        *,
+        direct_spans: bool = True,
     ) -> None:
         if candidate_encoding not in ("json", "events"):
             raise ValueError(f"candidate_encoding must be 'json' or 'events', not {candidate_encoding!r}")
@@ -160,6 +170,8 @@ class DecisionRecorder:
         self._json = candidate_encoding == "json"
         self.router_id = None if router_id is None else str(router_id)
         self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, _VERSION, tracer_provider)
+        self._direct: DirectSpans | None = None
+        self._direct_resolved = not direct_spans
         self._lock = threading.Lock()
         self._errors = 0
         self._last_log = 0.0
@@ -213,9 +225,8 @@ class DecisionRecorder:
                 rec.request_id, rec.attempt, rec.model, rec.input_tokens, rec.max_tokens,
                 rec.prefix_hashes, rec.stream, rec.endpoint,
             )
-            span = self._tracer.start_span(
-                sc.SPAN_DECISION, context=rec.parent_context, kind=SpanKind.INTERNAL,
-                attributes=attrs, start_time=int(start),
+            span = self._start_span(
+                sc.SPAN_DECISION, rec.parent_context, SpanKind.INTERNAL, attrs, int(start)
             )
             errors = 0
             chosen_index = -1
@@ -248,11 +259,10 @@ class DecisionRecorder:
             if rec.forward_url is not None or rec.forward_start_ns is not None:
                 f_start = int(rec.forward_start_ns if rec.forward_start_ns is not None
                               else rec.decided_ns)
-                fwd = self._tracer.start_span(
-                    sc.SPAN_FORWARD, context=span_ctx, kind=SpanKind.CLIENT,
-                    attributes=_forward_attrs(rec.request_id, rec.attempt, rec.forward_url,
-                                              rec.chosen),
-                    start_time=f_start,
+                fwd = self._start_span(
+                    sc.SPAN_FORWARD, span_ctx, SpanKind.CLIENT,
+                    _forward_attrs(rec.request_id, rec.attempt, rec.forward_url, rec.chosen),
+                    f_start,
                 )
                 if rec.forward_http_status is not None:
                     _set_status_code(fwd, int(rec.forward_http_status))
@@ -265,6 +275,30 @@ class DecisionRecorder:
             return None
 
     # ------------------------------------------------------------------ internals
+    def _start_span(
+        self, name: str, context: Context | None, kind: SpanKind, attributes: dict[str, Any],
+        start_time: int | None = None,
+    ) -> trace.Span:
+        direct = self._direct
+        if direct is None and not self._direct_resolved:
+            direct = self._resolve_direct()
+        if direct is not None and direct.usable():
+            return direct.start(name, context, kind, attributes, start_time)
+        return self._tracer.start_span(
+            name, context=context, kind=kind, attributes=attributes, start_time=start_time
+        )
+
+    def _resolve_direct(self) -> DirectSpans | None:
+        """Decide once whether the provider allows direct spans (after it is set up)."""
+        tracer = self._tracer
+        if isinstance(tracer, trace.ProxyTracer):
+            if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+                return None  # no SDK set up yet: ask again at the next span
+            tracer = self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, _VERSION)
+        self._direct = DirectSpans.of(tracer)
+        self._direct_resolved = True
+        return self._direct
+
     def _request_attrs(
         self, request_id: str, attempt: int, model: Any, input_tokens: Any, max_tokens: Any,
         prefix_hashes: Any, stream: Any, endpoint: Any,
@@ -279,7 +313,7 @@ class DecisionRecorder:
         if max_tokens is not None:
             attrs[sc.REQUEST_MAX_TOKENS] = max_tokens
         if prefix_hashes is not None:
-            attrs[sc.REQUEST_PREFIX_HASHES] = [str(h) for h in prefix_hashes]
+            attrs[sc.REQUEST_PREFIX_HASHES] = tuple([str(h) for h in prefix_hashes])
         if stream is not None:
             attrs[sc.REQUEST_STREAM] = bool(stream)
         if endpoint is not None:
@@ -350,6 +384,19 @@ _ENCODER_CACHE_MAX: Final = 256
 
 _RowEncoder = Callable[[tuple[Any, ...], int, str], "str | None"]
 _row_encoders: dict[tuple[type, ...], _RowEncoder | None] = {}
+
+try:  # the same formatting in C (collectors/router/_native.c), when it compiled
+    from collectors.router import _native  # type: ignore[attr-defined]
+
+    _native.configure(
+        tuple((f'"{key}":', kind) for key, kind in _JSON_SPEC), _TELEMETRY_TS_INDEX,
+        f'"{_AGE_KEY}":', f'"{_CHOSEN_KEY}":', encode_basestring_ascii,
+    )
+    _native_candidates_json: Callable[[list[Any], int, int], str | None] | None = (
+        _native.candidates_json
+    )
+except ImportError:
+    _native_candidates_json = None
 
 
 def _row_encoder(sig: tuple[type, ...]) -> _RowEncoder | None:
@@ -442,7 +489,18 @@ def _row_json_checked(row: tuple[Any, ...], decided_ns: int, chosen: bool) -> tu
 def _candidates_json(
     rows: Sequence[tuple[Any, ...]], chosen_index: int, decided_ns: int
 ) -> tuple[str, int]:
-    """All rows as the value of ``routeaudit.decision.candidates``; returns (json, values dropped)."""
+    """All rows as the value of ``routeaudit.decision.candidates``; returns (json, values dropped).
+
+    The C formatter takes the call when every value already has its field's type; it declines
+    (None) otherwise, and the rows go through the Python formatters below, which give the same
+    text for such rows and coerce or drop the others."""
+    if _native_candidates_json is not None and type(rows) is list:
+        try:
+            text = _native_candidates_json(rows, chosen_index, decided_ns)
+        except Exception:
+            text = None
+        if text is not None:
+            return text, 0
     parts: list[str] = []
     errors = 0
     encoders = _row_encoders
@@ -537,9 +595,7 @@ class Decision:
                 self.request_id, attempt, model, input_tokens, max_tokens, prefix_hashes, stream,
                 endpoint,
             )
-            self._span = rec._tracer.start_span(
-                sc.SPAN_DECISION, context=self._parent, kind=SpanKind.INTERNAL, attributes=attrs
-            )
+            self._span = rec._start_span(sc.SPAN_DECISION, self._parent, SpanKind.INTERNAL, attrs)
         except Exception as exc:
             # Keep the incoming trace flowing to the replica even without a span of our own.
             self._span = trace.NonRecordingSpan(
@@ -691,11 +747,10 @@ class Forward:
         self._ended = False
         self._span: trace.Span = trace.INVALID_SPAN
         try:
-            self._span = decision._rec._tracer.start_span(
-                sc.SPAN_FORWARD,
-                context=trace.set_span_in_context(decision._span, decision._parent),
-                kind=SpanKind.CLIENT,
-                attributes=_forward_attrs(decision.request_id, decision.attempt, url, replica),
+            self._span = decision._rec._start_span(
+                sc.SPAN_FORWARD, trace.set_span_in_context(decision._span, decision._parent),
+                SpanKind.CLIENT,
+                _forward_attrs(decision.request_id, decision.attempt, url, replica),
             )
         except Exception as exc:
             self._span = trace.NonRecordingSpan(decision._span.get_span_context())

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import struct
 import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -429,3 +432,71 @@ def test_json_many_signatures_still_correct(otel: Any) -> None:
                        **{f: 1 for i, f in enumerate(fields) if mask >> i & 1}}
     assert len(recorder_mod._row_encoders) <= recorder_mod._ENCODER_CACHE_MAX
     assert rec.errors == 0
+
+
+needs_native_json = pytest.mark.skipif(
+    recorder_mod._native_candidates_json is None,
+    reason="collectors/router/_native.c not built (pip install -e . compiles it; the Python "
+           "formatter still runs everywhere)")
+
+_INT = st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**70), 2**70))
+_FLOAT = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(-1e6, 1e6).map(lambda v: round(v, 3)),
+    st.integers(-(10**12), 10**12).map(lambda n: n / 1e6),
+)
+_STR = st.text(max_size=12)
+_ANY = st.one_of(st.none(), st.booleans(), _INT, _FLOAT, _STR)
+_BY_KIND = {recorder_mod._T_BOOL: st.booleans(), recorder_mod._T_STR: _STR,
+            recorder_mod._T_INT: _INT, recorder_mod._T_FLOAT: st.one_of(_FLOAT, _INT)}
+# mostly values of the field's type (the C path), sometimes anything (Python's path)
+_ROW = st.tuples(*(st.one_of(st.none(), _BY_KIND[kind], _BY_KIND[kind], _ANY)
+                   for _, kind in recorder_mod._JSON_SPEC))
+
+
+def _python_only(rows: list[tuple[Any, ...]], chosen: int, t: int) -> tuple[str, int]:
+    native, recorder_mod._native_candidates_json = recorder_mod._native_candidates_json, None
+    try:
+        return recorder_mod._candidates_json(rows, chosen, t)
+    finally:
+        recorder_mod._native_candidates_json = native
+
+
+def _fast_in_python(row: tuple[Any, ...], t: int) -> bool:
+    enc = recorder_mod._row_encoder(tuple(map(type, row)))
+    return enc is not None and enc(row, t, "false") is not None
+
+
+@needs_native_json
+@settings(max_examples=400, deadline=None)
+@given(rows=st.lists(_ROW, max_size=4), chosen=st.integers(-1, 4),
+       t=st.integers(0, 2**62))
+def test_native_json_is_the_python_text(rows: list[tuple[Any, ...]], chosen: int, t: int) -> None:
+    """The C formatter writes exactly the Python formatters' text, and takes exactly the calls
+    whose every row the Python fast path takes (the others are coerced value by value)."""
+    native = recorder_mod._native_candidates_json(rows, chosen, t)
+    text, errors = _python_only(rows, chosen, t)
+    assert (native is not None) == all(_fast_in_python(r, t) for r in rows)
+    if native is not None:
+        assert native == text and errors == 0
+    assert recorder_mod._candidates_json(rows, chosen, t) == (text, errors)
+
+
+@needs_native_json
+def test_native_json_float_text_is_repr() -> None:
+    """Its shortcut for short decimals prints what repr prints, around every boundary."""
+    import random
+
+    rng = random.Random(7)
+    values = [0.0, -0.0, 1e-4, 9.9999e-05, 1e15, 1e15 - 1, 999999999999999.9, 0.1 + 0.2, 1 / 3,
+              2.5, -2.5, 1e-3, 5e-324, 1.7976931348623157e308, 0.30000000000000004]
+    for _ in range(50_000):
+        values.append(round(rng.uniform(-1e6, 1e6), rng.randint(0, 9)))
+        values.append(rng.randint(-(10**15), 10**15) / 10 ** rng.randint(0, 17))
+        values.append(struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0])
+    for v in values:
+        if v - v != 0:  # nan, inf: declined (None), checked above
+            continue
+        row = ("a",) + (None,) * 4 + (v,) + (None,) * 8
+        got = recorder_mod._native_candidates_json([row], -1, 0)
+        assert got == f'[{{"replica":"a","kv_usage":{v!r},"chosen":false}}]', v
