@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import polars as pl
 
@@ -44,6 +44,8 @@ __all__ = [
     "filter_options",
     "slow_requests",
     "slow_cause_breakdown",
+    "slow_page",
+    "SlowPage",
     "request_detail",
     "request_waterfall",
     "request_spans",
@@ -356,8 +358,11 @@ def filter_options(reader: Reads) -> dict[str, Any]:
 
 def _slow_sql(reader: Reads, slo: Mapping[str, float] | None, *, start: datetime | None,
               end: datetime | None, replica: str | None, router: str | None,
-              policy: str | None, run: str | None, cause: str | None) -> tuple[str, list[Any]]:
-    """The ``slow`` CTE chain (ends in a relation named ``slow``) and its parameters."""
+              policy: str | None, run: str | None, cause: str | None,
+              materialized: bool = False) -> tuple[str, list[Any]]:
+    """The ``slow`` CTE chain (ends in a relation named ``slow_f``) and its parameters;
+    ``materialized``: ``slow_f`` is computed once however often the query reads it."""
+    slow_f = "slow_f as materialized" if materialized else "slow_f as"
     ttft, tpot = _slo(slo)
     params: list[Any] = [ttft, tpot, ttft, tpot]
     where = [_SLOW]
@@ -382,7 +387,7 @@ def _slow_sql(reader: Reads, slo: Mapping[str, float] | None, *, start: datetime
         )"""
         # Without attributions every slow request is 'unattributed'.
         where_cause = " where false" if cause not in (None, "unattributed") else ""
-        return ctes + f", slow_f as (select * from slow{where_cause})", params
+        return ctes + f", {slow_f} (select * from slow{where_cause})", params
     ctes = f"""
         with {attr},
         base as (
@@ -398,8 +403,23 @@ def _slow_sql(reader: Reads, slo: Mapping[str, float] | None, *, start: datetime
         )"""
     if cause is not None:
         params.append(cause)
-        return ctes + ", slow_f as (select * from slow where cause = ?)", params
-    return ctes + ", slow_f as (select * from slow)", params
+        return ctes + f", {slow_f} (select * from slow where cause = ?)", params
+    return ctes + f", {slow_f} (select * from slow)", params
+
+
+_SLOW_ROWS: Final = f"""
+    select request_id, run_id, client_start, ttft_ms, tpot_ms, over_slo_ms, cause,
+        sub_kind, excess_ms, confidence, evidence, evidence_source,
+        {_REPLICA} as replica, router_id, policy
+    from slow_f"""
+_SLOW_ROWS_ORDER: Final = "coalesce(excess_ms, over_slo_ms) desc, request_id"
+_SLOW_CAUSES: Final = """
+    select cause, count(*) as requests,
+        sum(coalesce(excess_ms, over_slo_ms)) as total_excess_ms,
+        count(*) / sum(count(*)) over () as share
+    from slow_f
+    group by cause"""
+_SLOW_CAUSES_ORDER: Final = "total_excess_ms desc nulls last, cause"
 
 
 def slow_requests(reader: Reads, slo: Mapping[str, float] | None = None, *,
@@ -417,20 +437,8 @@ def slow_requests(reader: Reads, slo: Mapping[str, float] | None = None, *,
     ctes, params = _slow_sql(reader, slo, start=start, end=end, replica=replica, router=router,
                              policy=policy, run=run, cause=cause)
     params.append(int(limit))
-    return _query(
-        reader,
-        ctes + f"""
-        select request_id, run_id, client_start, ttft_ms, tpot_ms, over_slo_ms, cause,
-            sub_kind, excess_ms, confidence, evidence, evidence_source,
-            {_REPLICA} as replica, router_id, policy
-        from slow_f
-        order by coalesce(excess_ms, over_slo_ms) desc, request_id
-        limit ?
-        """,
-        params,
-        slo,
-        run=run,
-    )
+    return _query(reader, f"{ctes} {_SLOW_ROWS} order by {_SLOW_ROWS_ORDER} limit ?", params,
+                  slo, run=run)
 
 
 def slow_cause_breakdown(reader: Reads, slo: Mapping[str, float] | None = None, *,
@@ -442,20 +450,49 @@ def slow_cause_breakdown(reader: Reads, slo: Mapping[str, float] | None = None, 
     excess; the over-SLO ms when unattributed), share (of slow requests)."""
     ctes, params = _slow_sql(reader, slo, start=start, end=end, replica=replica, router=router,
                              policy=policy, run=run, cause=cause)
-    return _query(
-        reader,
-        ctes + """
-        select cause, count(*) as requests,
-            sum(coalesce(excess_ms, over_slo_ms)) as total_excess_ms,
-            count(*) / sum(count(*)) over () as share
-        from slow_f
-        group by cause
-        order by total_excess_ms desc nulls last, cause
-        """,
-        params,
-        slo,
-        run=run,
-    )
+    return _query(reader, f"{ctes} {_SLOW_CAUSES} order by {_SLOW_CAUSES_ORDER}", params, slo,
+                  run=run)
+
+
+class SlowPage(NamedTuple):
+    """What the slow-request page shows, from one computation of the slow requests' causes."""
+
+    requests: pl.DataFrame
+    """As :func:`slow_requests`."""
+    causes: pl.DataFrame
+    """As :func:`slow_cause_breakdown`."""
+
+
+def slow_page(reader: Reads, slo: Mapping[str, float] | None = None, *,
+              start: datetime | None = None, end: datetime | None = None,
+              replica: str | None = None, router: str | None = None,
+              policy: str | None = None, run: str | None = None,
+              cause: str | None = None, limit: int = TABLE_LIMIT) -> SlowPage:
+    """:func:`slow_requests` and :func:`slow_cause_breakdown` in one query.
+
+    At an SLO other than the defaults both are computed live over every slow request, most of
+    their time; one query computes that once (``slow_f`` materialised) and returns the two
+    results as lists of rows."""
+    ctes, params = _slow_sql(reader, slo, start=start, end=end, replica=replica, router=router,
+                             policy=policy, run=run, cause=cause, materialized=True)
+    params.append(int(limit))
+    both = _query(reader, ctes + f""",
+        page_requests as ({_SLOW_ROWS} order by {_SLOW_ROWS_ORDER} limit ?),
+        page_causes as ({_SLOW_CAUSES})
+        select
+            (select list(r order by {_SLOW_ROWS_ORDER}) from page_requests as r) as requests,
+            (select list(c order by {_SLOW_CAUSES_ORDER}) from page_causes as c) as causes
+        """, params, slo, run=run)
+    return SlowPage(_rows_of(both, "requests"), _rows_of(both, "causes"))
+
+
+def _rows_of(both: pl.DataFrame, column: str) -> pl.DataFrame:
+    """The rows of one list-of-struct cell (none when the list is NULL: no rows)."""
+    fields = both.schema[column].inner.fields  # type: ignore[attr-defined]
+    value = both[column][0]
+    if value is None or len(value) == 0:
+        return pl.DataFrame(schema={f.name: f.dtype for f in fields})
+    return value.struct.unnest()
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,10 +32,10 @@ def pick(col: st.delta_generator.DeltaGenerator, label: str, choices: list[str])
     return None if value == ALL else value
 
 
-# Every cause seen under these SLO targets (the unfiltered breakdown, also shown when no
-# filter is set: one query on the attribution relations rather than two).
-all_causes = _ui.query("slow_cause_breakdown", slo)
-causes = [] if all_causes is None else all_causes["cause"].to_list()
+# Every cause seen under these SLO targets (the unfiltered page, also shown when no filter is
+# set; one query computes the table and the breakdown together).
+unfiltered = _ui.query("slow_page", slo)
+causes = [] if unfiltered is None else unfiltered.causes["cause"].to_list()
 
 cols = st.columns(5)
 replica = pick(cols[0], "Replica", opts["replicas"])
@@ -58,11 +58,11 @@ if (last - first) >= timedelta(seconds=2):
 
 filters = dict(start=start, end=end, replica=replica, router=router, policy=policy, run=run,
                cause=cause)
-breakdown = (all_causes if not any(v is not None for v in filters.values())
-             else _ui.query("slow_cause_breakdown", slo, **filters))
-table = _ui.query("slow_requests", slo, **filters)
-if breakdown is None or table is None:
+page = (unfiltered if not any(v is not None for v in filters.values())
+        else _ui.query("slow_page", slo, **filters))
+if page is None:
     st.stop()
+table, breakdown = page.requests, page.causes
 if breakdown.height == 0:
     st.success("No slow requests for these filters and SLO targets.")
     st.stop()

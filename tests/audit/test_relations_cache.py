@@ -118,3 +118,30 @@ def test_a_scope_gives_the_same_live_rows(sample_store: Path) -> None:
                             "order by is_primary desc, excess_ms desc nulls last", [request],
                             slo=audit.SLO(**slo) if slo else None)
         assert got.equals(live) and got.height > 0
+
+
+def test_the_slow_page_query_is_the_two_queries(sample_store: Path) -> None:
+    """``queries.slow_page`` (one computation) returns what ``slow_requests`` and
+    ``slow_cause_breakdown`` return, live and cached, filtered, limited and empty."""
+    import audit
+    from audit import queries
+
+    reader = audit.open(sample_store)
+    run = reader.query("select min(run_id) as r from requests")["r"][0]
+    cases: list[dict[str, object]] = [
+        {}, {"run": run}, {"cause": "stale_telemetry"}, {"cause": "no such cause"},
+        {"limit": 3}, {"policy": "cache_aware", "run": run},
+    ]
+    seen_rows = 0
+    for slo in (None, {"ttft_ms": 300.0, "tpot_ms": 100.0}, {"ttft_ms": 60_000.0, "tpot_ms": 1e4}):
+        for kw in cases:
+            page = queries.slow_page(reader, slo, **kw)  # type: ignore[arg-type]
+            limit = kw.pop("limit", None)
+            rows = queries.slow_requests(reader, slo, **kw,  # type: ignore[arg-type]
+                                         **({} if limit is None else {"limit": limit}))
+            causes = queries.slow_cause_breakdown(reader, slo, **kw)  # type: ignore[arg-type]
+            kw.update({} if limit is None else {"limit": limit})
+            assert page.requests.equals(rows) and page.causes.equals(causes), (slo, kw)
+            assert page.requests.schema == rows.schema and page.causes.schema == causes.schema
+            seen_rows += rows.height
+    assert seen_rows > 0
