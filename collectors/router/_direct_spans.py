@@ -63,7 +63,7 @@ class DirectSpans:
     __slots__ = (
         "_tracer", "_sampler", "_ids", "_processor", "_resource", "_scope", "_info",
         "_checked", "_ok", "_max_attributes", "_max_events", "_max_event_attributes",
-        "_readable_span", "_event", "_parent_based",
+        "_readable_span", "_event", "_parent_based", "_max_links", "_max_link_attributes",
     )
 
     def __init__(self, tracer: Any) -> None:
@@ -88,6 +88,8 @@ class DirectSpans:
         self._max_attributes = limits.max_span_attributes
         self._max_events = limits.max_events
         self._max_event_attributes = limits.max_event_attributes
+        self._max_links = limits.max_links
+        self._max_link_attributes = limits.max_link_attributes
         self._checked: tuple[Any, ...] | None = None
         self._ok = False
 
@@ -177,8 +179,8 @@ class DirectSpan(trace.Span):
     :class:`~collectors.router.Decision`, it belongs to one request in one thread or task.
     """
 
-    __slots__ = ("_spans", "_name", "_ctx", "_parent", "_kind", "_attrs", "_events", "_status",
-                 "_start", "_ended")
+    __slots__ = ("_spans", "_name", "_ctx", "_parent", "_kind", "_attrs", "_events", "_links",
+                 "_status", "_start", "_ended")
 
     def __init__(self, spans: DirectSpans, name: str, ctx: SpanContext, parent: SpanContext | None,
                  kind: SpanKind, attributes: dict[str, Any], start_time: int) -> None:
@@ -189,6 +191,7 @@ class DirectSpan(trace.Span):
         self._kind = kind
         self._attrs = attributes
         self._events: list[Any] = []
+        self._links: list[trace.Link] = []
         self._status = Status(StatusCode.UNSET)
         self._start = start_time
         self._ended = False
@@ -222,6 +225,19 @@ class DirectSpan(trace.Span):
             del self._events[0]
         self._events.append(spans._event(name, _clean(attributes, spans._max_event_attributes),
                                   timestamp if timestamp is not None else time.time_ns()))
+
+    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None
+                 ) -> None:
+        # the SDK's rule: a link needs a valid context, or attributes or a trace state
+        if self._ended or not (context and (context.is_valid or attributes
+                                            or context.trace_state)):
+            return
+        if len(self._links) >= self._spans._max_links:  # the SDK keeps the latest ones
+            if not self._spans._max_links:
+                return
+            del self._links[0]
+        self._links.append(trace.Link(context, _clean(attributes,
+                                                      self._spans._max_link_attributes)))
 
     def update_name(self, name: str) -> None:
         if not self._ended:
@@ -260,7 +276,8 @@ class DirectSpan(trace.Span):
         spans = self._spans
         spans._processor.on_end(spans._readable_span(
             name=self._name, context=self._ctx, parent=self._parent, resource=spans._resource,
-            attributes=self._attrs, events=tuple(self._events), links=(), kind=self._kind,
+            attributes=self._attrs, events=tuple(self._events), links=tuple(self._links),
+            kind=self._kind,
             instrumentation_info=spans._info, status=self._status, start_time=self._start,
             end_time=end_time if end_time is not None else time.time_ns(),
             instrumentation_scope=spans._scope,

@@ -80,6 +80,8 @@ def _user_attributes(rec: DecisionRecorder) -> dict[str, str]:
         span.set_attribute("team.attr", [1, 2])
         span.set_attribute("team.bad", {"not": "allowed"})
         span.add_event("team.event", {"k": "v"}, timestamp=7)
+        span.add_link(trace.SpanContext(5, 6, is_remote=True), {"why": "batched with"})
+        span.add_link(trace.INVALID_SPAN_CONTEXT)  # dropped by both
         d.choose("a")
     return {}
 
