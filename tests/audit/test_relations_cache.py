@@ -7,6 +7,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
+from polars.testing import assert_frame_equal
 
 from audit import _relations
 from audit._store import Store
@@ -141,7 +142,12 @@ def test_the_slow_page_query_is_the_two_queries(sample_store: Path) -> None:
                                          **({} if limit is None else {"limit": limit}))
             causes = queries.slow_cause_breakdown(reader, slo, **kw)  # type: ignore[arg-type]
             kw.update({} if limit is None else {"limit": limit})
-            assert page.requests.equals(rows) and page.causes.equals(causes), (slo, kw)
-            assert page.requests.schema == rows.schema and page.causes.schema == causes.schema
+            assert_frame_equal(page.requests, rows)
+            # sums of many doubles may differ in the last bits between two parallel runs
+            sums = ["total_excess_ms", "share"]
+            assert_frame_equal(page.causes.drop(sums), causes.drop(sums))
+            for column in sums:
+                assert page.causes[column].to_list() == pytest.approx(
+                    causes[column].to_list(), rel=1e-12)
             seen_rows += rows.height
     assert seen_rows > 0
