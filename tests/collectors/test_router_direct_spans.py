@@ -8,7 +8,7 @@ with span ids, trace ids and timestamps replaced by their roles.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -234,25 +234,16 @@ def _decide(rec: DecisionRecorder) -> None:
         d.choose("a")
 
 
-@pytest.fixture
-def provider() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(exporter))
-    yield tp, exporter
-    tp.shutdown()
-
-
 def test_a_processor_that_reads_open_spans_gets_the_sdk_path(
-        provider: Any, sdk_starts: _SdkStarts) -> None:
-    tp, exporter = provider
+        otel: Any, sdk_starts: _SdkStarts) -> None:
+    tp, exporter = otel
+    tp.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))  # still export-only
     rec = DecisionRecorder("p", tracer_provider=tp)
     _decide(rec)
     assert sdk_starts.calls == 0
     reader = _ReadsOnStart()
     tp.add_span_processor(reader)  # added after the first decision: noticed
     _decide(rec)
-    tp.force_flush()
     assert sdk_starts.calls == 1 and len(exporter.get_finished_spans()) == 2
     assert len(reader.started) == 1 and reader.started[0].name == sc.SPAN_DECISION
 
