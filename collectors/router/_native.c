@@ -41,7 +41,10 @@ static int buf_put(buf_t *b, const char *s, Py_ssize_t n) {
         Py_ssize_t cap = b->cap ? b->cap : 1024;
         while (cap < b->len + n) cap *= 2;
         char *p = PyMem_Realloc(b->p, (size_t)cap);
-        if (!p) return -1;
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
         b->p = p;
         b->cap = cap;
     }
@@ -240,11 +243,13 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         int kind;
         if (!PyArg_ParseTuple(item, "Ui", &key, &kind)) return NULL;
         PyMem_Free(keys[i]);
+        keys[i] = NULL;
         if (!(keys[i] = copy_ascii(key, &key_lens[i]))) return NULL;
         kinds[i] = kind;
     }
     PyMem_Free(age_key);
     PyMem_Free(chosen_key);
+    age_key = chosen_key = NULL;
     if (!(age_key = copy_ascii(age, &age_len)) || !(chosen_key = copy_ascii(chosen, &chosen_len)))
         return NULL;
     ts_index = ts;
