@@ -25,9 +25,10 @@ field, so an SDK release that changes what ``start_span`` produces fails there, 
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Final
 
 from opentelemetry import trace
@@ -41,10 +42,11 @@ _PRIMITIVE: Final = frozenset({str, bool, int, float})
 _INTERNAL_METRICS_ENV: Final = "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"
 
 
-def _clean(attributes: Mapping[str, Any] | None, max_count: int) -> dict[str, Any]:
+def _clean(attributes: Mapping[str, Any] | None, max_count: int) -> MutableMapping[str, Any]:
     """``attributes`` as the SDK would keep them: a plain copy when every value already is a
-    valid attribute value (the recorder's own), else the SDK's own validation (which drops and
-    logs invalid values, exactly as on the SDK path)."""
+    valid attribute value (the recorder's own) and they fit, else the SDK's own
+    ``BoundedAttributes`` (which drops and logs invalid values and counts what the limit drops,
+    exactly as on the SDK path)."""
     if not attributes:
         return {}
     if len(attributes) <= max_count:
@@ -54,14 +56,14 @@ def _clean(attributes: Mapping[str, Any] | None, max_count: int) -> dict[str, An
                 break
         else:
             return dict(attributes)
-    return dict(BoundedAttributes(max_count, attributes, immutable=False))
+    return BoundedAttributes(max_count, attributes, immutable=False)
 
 
 class DirectSpans:
     """Starts :class:`DirectSpan` s for one SDK tracer; build with :meth:`of`."""
 
     __slots__ = (
-        "_tracer", "_sampler", "_ids", "_processor", "_resource", "_scope", "_info",
+        "_tracer", "_sampler", "_ids", "_processor", "_scope", "_info",
         "_checked", "_ok", "_max_attributes", "_max_events", "_max_event_attributes",
         "_readable_span", "_event", "_parent_based", "_max_links", "_max_link_attributes",
     )
@@ -81,15 +83,14 @@ class DirectSpans:
         )
         self._ids = tracer.id_generator
         self._processor = tracer.span_processor
-        self._resource = tracer.resource
         self._scope = tracer._instrumentation_scope
         self._info = tracer.instrumentation_info
         limits = tracer._span_limits
-        self._max_attributes = limits.max_span_attributes
-        self._max_events = limits.max_events
-        self._max_event_attributes = limits.max_event_attributes
-        self._max_links = limits.max_links
-        self._max_link_attributes = limits.max_link_attributes
+        self._max_attributes = _limit(limits.max_span_attributes)
+        self._max_events = _limit(limits.max_events)
+        self._max_event_attributes = _limit(limits.max_event_attributes)
+        self._max_links = _limit(limits.max_links)
+        self._max_link_attributes = _limit(limits.max_link_attributes)
         self._checked: tuple[Any, ...] | None = None
         self._ok = False
 
@@ -147,8 +148,11 @@ class DirectSpans:
             parent_ctx = None
         parent_based = self._parent_based
         if parent_based is not None:
-            sampled = recording = not (parent_based and parent_ctx is not None) or bool(
-                parent.trace_flags & TraceFlags.SAMPLED)
+            if parent_based and parent_ctx is not None:  # DEFAULT_ON under a parent
+                sampled = bool(parent.trace_flags & TraceFlags.SAMPLED)
+            else:  # ALWAYS_ON, or DEFAULT_ON's root sampler
+                sampled = True
+            recording = sampled
             trace_state = parent.trace_state if parent_ctx is not None else None
         else:
             result = self._sampler.should_sample(context, trace_id, name, kind, attributes, ())
@@ -164,6 +168,23 @@ class DirectSpans:
         return DirectSpan(self, name, ctx, parent_ctx, kind,
                           _clean(attributes, self._max_attributes),
                           start_time if start_time is not None else time.time_ns())
+
+
+def _limit(value: int | None) -> int:
+    """A count limit of ``SpanLimits``; None there means unlimited."""
+    return sys.maxsize if value is None else value
+
+
+def _append_latest(items: Any, limit: int, item: Any) -> Any:
+    """``items`` with ``item`` appended: a plain list while it fits, then the SDK's
+    ``BoundedList``, which keeps the latest ``limit`` and counts the dropped (the span's
+    ``dropped_events`` / ``dropped_links``)."""
+    if type(items) is list and len(items) >= limit:
+        from opentelemetry.sdk.util import BoundedList
+
+        items = BoundedList.from_seq(limit, items)
+    items.append(item)
+    return items
 
 
 def _export_only(processors: Sequence[Any]) -> bool:
@@ -183,15 +204,15 @@ class DirectSpan(trace.Span):
                  "_status", "_start", "_ended")
 
     def __init__(self, spans: DirectSpans, name: str, ctx: SpanContext, parent: SpanContext | None,
-                 kind: SpanKind, attributes: dict[str, Any], start_time: int) -> None:
+                 kind: SpanKind, attributes: MutableMapping[str, Any], start_time: int) -> None:
         self._spans = spans
         self._name = name
         self._ctx = ctx
         self._parent = parent
         self._kind = kind
         self._attrs = attributes
-        self._events: list[Any] = []
-        self._links: list[trace.Link] = []
+        self._events: list[Any] = []  # a BoundedList once the limit drops one
+        self._links: list[Any] = []
         self._status = Status(StatusCode.UNSET)
         self._start = start_time
         self._ended = False
@@ -205,11 +226,12 @@ class DirectSpan(trace.Span):
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         if self._ended:
             return
-        attrs = self._attrs
-        attrs.update(_clean(attributes, self._spans._max_attributes))
-        if len(attrs) > self._spans._max_attributes:  # the SDK keeps the latest ones
-            self._attrs = dict(BoundedAttributes(self._spans._max_attributes, attrs,
-                                                 immutable=False))
+        limit = self._spans._max_attributes
+        new = _clean(attributes, sys.maxsize)  # validated; the span's own limit applies below
+        if not isinstance(self._attrs, BoundedAttributes) and len(self._attrs) + len(new) > limit:
+            self._attrs = BoundedAttributes(limit, self._attrs, immutable=False)
+        # BoundedAttributes keeps the latest ones and counts the dropped, as the SDK does
+        self._attrs.update(new)
 
     def set_attribute(self, key: str, value: Any) -> None:
         self.set_attributes({key: value})
@@ -217,14 +239,10 @@ class DirectSpan(trace.Span):
     def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
                   timestamp: int | None = None) -> None:
         spans = self._spans
-        if self._ended:
-            return
-        if len(self._events) >= spans._max_events:  # the SDK keeps the latest ones
-            if not spans._max_events:
-                return
-            del self._events[0]
-        self._events.append(spans._event(name, _clean(attributes, spans._max_event_attributes),
-                                  timestamp if timestamp is not None else time.time_ns()))
+        if not self._ended:
+            self._events = _append_latest(self._events, spans._max_events, spans._event(
+                name, _clean(attributes, spans._max_event_attributes),
+                timestamp if timestamp is not None else time.time_ns()))
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None
                  ) -> None:
@@ -232,12 +250,10 @@ class DirectSpan(trace.Span):
         if self._ended or not (context and (context.is_valid or attributes
                                             or context.trace_state)):
             return
-        if len(self._links) >= self._spans._max_links:  # the SDK keeps the latest ones
-            if not self._spans._max_links:
-                return
-            del self._links[0]
-        self._links.append(trace.Link(context, _clean(attributes,
-                                                      self._spans._max_link_attributes)))
+        spans = self._spans
+        self._links = _append_latest(
+            self._links, spans._max_links,
+            trace.Link(context, _clean(attributes, spans._max_link_attributes)))
 
     def update_name(self, name: str) -> None:
         if not self._ended:
@@ -275,8 +291,9 @@ class DirectSpan(trace.Span):
         self._ended = True
         spans = self._spans
         spans._processor.on_end(spans._readable_span(
-            name=self._name, context=self._ctx, parent=self._parent, resource=spans._resource,
-            attributes=self._attrs, events=tuple(self._events), links=tuple(self._links),
+            name=self._name, context=self._ctx, parent=self._parent,
+            resource=spans._tracer.resource,  # read per span, as the SDK does
+            attributes=self._attrs, events=self._events, links=self._links,
             kind=self._kind,
             instrumentation_info=spans._info, status=self._status, start_time=self._start,
             end_time=end_time if end_time is not None else time.time_ns(),

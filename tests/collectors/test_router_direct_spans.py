@@ -80,6 +80,7 @@ def _user_attributes(rec: DecisionRecorder) -> dict[str, str]:
         span.set_attribute("team.attr", [1, 2])
         span.set_attribute("team.bad", {"not": "allowed"})
         span.add_event("team.event", {"k": "v"}, timestamp=7)
+        span.add_event("team.event.2", {"k": "w", "n": 1, "x": 2.5}, timestamp=8)
         span.add_link(trace.SpanContext(5, 6, is_remote=True), {"why": "batched with"})
         span.add_link(trace.INVALID_SPAN_CONTEXT)  # dropped by both
         d.choose("a")
@@ -155,11 +156,23 @@ def _run(scenario: str, direct: bool, **provider_args: Any
     return list(exporter.get_finished_spans()), headers, rec
 
 
+LIMITS = {
+    "default": None,
+    "unlimited": SpanLimits(max_span_attributes=SpanLimits.UNSET, max_events=SpanLimits.UNSET,
+                            max_links=SpanLimits.UNSET, max_event_attributes=SpanLimits.UNSET,
+                            max_link_attributes=SpanLimits.UNSET),
+    "tight": SpanLimits(max_span_attributes=5, max_events=1, max_links=0,
+                        max_event_attributes=2),  # drops attributes, events and links
+}
+
+
+@pytest.mark.parametrize("limits", LIMITS)
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_direct_spans_export_what_the_sdk_exports(scenario: str, sdk_starts: _SdkStarts) -> None:
-    direct, d_headers, d_rec = _run(scenario, True)
+def test_direct_spans_export_what_the_sdk_exports(scenario: str, limits: str,
+                                                  sdk_starts: _SdkStarts) -> None:
+    direct, d_headers, d_rec = _run(scenario, True, span_limits=LIMITS[limits])
     assert direct and sdk_starts.calls == 0  # the direct path was taken
-    sdk, s_headers, s_rec = _run(scenario, False)
+    sdk, s_headers, s_rec = _run(scenario, False, span_limits=LIMITS[limits])
     assert sdk_starts.calls == len(sdk)
     assert _normalised(direct) == _normalised(sdk)
     for a, b in zip(direct, sdk, strict=True):
