@@ -18,8 +18,9 @@ For each candidate encoding (``json``, the default, and ``events``):
    listening on ``--workers`` ports, so the router sees that many candidates) and the load
    generator (fixed request count and concurrency, keep-alive connections) are separate
    processes written against raw asyncio streams so that they cost little next to the router.
-   Runs are interleaved (plain, json, json through the SDK's spans, events) ×3; best of 3 each;
-   ratios instrumented/plain.
+   Runs are interleaved (plain, json, json through the SDK's spans, events) × ``--rounds``;
+   ratios instrumented/plain from the best round of each router, and the median of each round's
+   own ratio.
 """
 
 from __future__ import annotations
@@ -393,7 +394,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=N_CANDIDATES,
                     help="worker ports = candidates per decision in the router (default 8)")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="interleaved throughput rounds; the best of them is reported")
+                    help="interleaved throughput rounds (best and median of rounds reported)")
     ap.add_argument("--skip-throughput", action="store_true")
     args = ap.parse_args()
 

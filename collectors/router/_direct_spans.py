@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Final
 
@@ -66,14 +65,18 @@ class DirectSpans:
         "_tracer", "_sampler", "_ids", "_processor", "_scope", "_info",
         "_checked", "_ok", "_max_attributes", "_max_events", "_max_event_attributes",
         "_readable_span", "_event", "_parent_based", "_max_links", "_max_link_attributes",
+        "_record_exception",
     )
 
     def __init__(self, tracer: Any) -> None:
         from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.sdk.trace import Span as SdkSpan
         from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON
 
         self._readable_span = ReadableSpan
         self._event = Event
+        # the SDK's own exception event (type, message, stack trace), written via add_event
+        self._record_exception: Any = SdkSpan.record_exception
         self._tracer = tracer
         self._sampler = tracer.sampler
         # The SDK's default sampler (and ALWAYS_ON) decided inline, by their own rule: sample
@@ -272,18 +275,7 @@ class DirectSpan(trace.Span):
     def record_exception(self, exception: BaseException,
                          attributes: Mapping[str, Any] | None = None,
                          timestamp: int | None = None, escaped: bool = False) -> None:
-        module = type(exception).__module__
-        qualname = type(exception).__qualname__
-        attrs: dict[str, Any] = {
-            "exception.type": f"{module}.{qualname}" if module and module != "builtins"
-            else qualname,
-            "exception.message": str(exception),
-            "exception.stacktrace": "".join(traceback.format_exception(exception)),
-            "exception.escaped": str(escaped),
-        }
-        if attributes:
-            attrs.update(attributes)
-        self.add_event("exception", attrs, timestamp)
+        self._spans._record_exception(self, exception, attributes, timestamp, escaped)
 
     def end(self, end_time: int | None = None) -> None:
         if self._ended:

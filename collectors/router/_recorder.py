@@ -353,7 +353,7 @@ def _emit_candidates(
     name = sc.EVENT_CANDIDATE
     for i, row in enumerate(rows):
         attrs: dict[str, Any] = {sc.CANDIDATE_REPLICA: str(row[0])}
-        for (key, kind), value in zip(_CANDIDATE_FIELDS, row[1:]):
+        for (key, kind), value in zip(_CANDIDATE_FIELDS, row[1:], strict=False):
             if value is None:
                 continue
             try:
