@@ -8,13 +8,13 @@
 -- the reference: offset taken as 0). See docs/clock.md.
 with
 
-stg_spans_source as materialized (
+stg_spans_source as not materialized (
 
     select * from stg_spans
 
 ),
 
-int_clock_bounds_per_domain_pair_source as materialized (
+int_clock_bounds_per_domain_pair_source as not materialized (
 
     select * from int_clock_bounds_per_domain_pair
 

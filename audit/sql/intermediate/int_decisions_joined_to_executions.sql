@@ -6,13 +6,13 @@
 -- with one attempt, the request's latest replica span (the trace was broken).
 with
 
-int_decisions_unioned_source as materialized (
+int_decisions_unioned_source as not materialized (
 
     select * from int_decisions_unioned
 
 ),
 
-int_spans_clock_corrected_source as materialized (
+int_spans_clock_corrected_source as not materialized (
 
     select * from int_spans_clock_corrected
 

@@ -10,19 +10,19 @@
 -- Third-party rows have recorded = false: reconstructed from the router's own spans.
 with
 
-int_spans_clock_corrected_source as materialized (
+int_spans_clock_corrected_source as not materialized (
 
     select * from int_spans_clock_corrected
 
 ),
 
-stg_candidates_source as materialized (
+stg_candidates_source as not materialized (
 
     select * from stg_candidates
 
 ),
 
-stg_smg_sending_source as materialized (
+stg_smg_sending_source as not materialized (
 
     select * from stg_smg_sending
 

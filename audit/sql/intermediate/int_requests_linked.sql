@@ -10,13 +10,13 @@
 -- 3. Merges are followed twice (replica -> router -> client).
 with
 
-stg_spans_source as materialized (
+stg_spans_source as not materialized (
 
     select * from stg_spans
 
 ),
 
-int_spans_anchored_by_trace_source as materialized (
+int_spans_anchored_by_trace_source as not materialized (
 
     select * from int_spans_anchored_by_trace
 

@@ -3,19 +3,19 @@
 -- clock (corrected_*_ns = observed - offset of the span's clock domain).
 with
 
-stg_spans_source as materialized (
+stg_spans_source as not materialized (
 
     select * from stg_spans
 
 ),
 
-int_requests_linked_source as materialized (
+int_requests_linked_source as not materialized (
 
     select * from int_requests_linked
 
 ),
 
-int_clock_offsets_source as materialized (
+int_clock_offsets_source as not materialized (
 
     select * from int_clock_offsets
 

@@ -3,25 +3,25 @@
 -- router's own figure, else decision time minus telemetry time (both router clock).
 with
 
-stg_candidates_source as materialized (
+stg_candidates_source as not materialized (
 
     select * from stg_candidates
 
 ),
 
-decisions_source as materialized (
+decisions_source as not materialized (
 
     select * from decisions
 
 ),
 
-int_clock_offsets_source as materialized (
+int_clock_offsets_source as not materialized (
 
     select * from int_clock_offsets
 
 ),
 
-int_spans_clock_corrected_source as materialized (
+int_spans_clock_corrected_source as not materialized (
 
     select * from int_spans_clock_corrected
 

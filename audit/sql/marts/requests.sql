@@ -5,19 +5,19 @@
 -- replica; tpot_ms = (e2e_ms - ttft_ms) / (output_tokens - 1), null when fewer than 2 tokens.
 with
 
-int_spans_clock_corrected_source as materialized (
+int_spans_clock_corrected_source as not materialized (
 
     select * from int_spans_clock_corrected
 
 ),
 
-int_decisions_joined_to_executions_source as materialized (
+int_decisions_joined_to_executions_source as not materialized (
 
     select * from int_decisions_joined_to_executions
 
 ),
 
-stg_candidates_source as materialized (
+stg_candidates_source as not materialized (
 
     select * from stg_candidates
 
