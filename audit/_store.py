@@ -31,6 +31,9 @@ SIDECAR_SUFFIX = ".collector.json"
 SYNC_REFRESH_BUDGET_S = 2.0
 """A query refreshes stale relations first when the last refresh took at most this long."""
 
+MAX_FAILED_REFRESH_GAP_S = 300.0
+"""Longest pause before retrying after refreshes that failed (they back off, doubling)."""
+
 
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(path)}{SIDECAR_SUFFIX}")
@@ -46,10 +49,17 @@ class Store:
     A query refreshes first when rows were appended since the last refresh and the last refresh
     is older than ``refresh_interval_s`` (0: always up to date; the collector uses a few seconds
     and also refreshes in the background). :meth:`close` refreshes what is pending.
+
+    ``refresh_max_share`` paces refreshes that are not quick: after one that took ``d`` seconds,
+    the next is due no sooner than ``d * (1 - share) / share`` seconds later (see
+    :attr:`refresh_gap_s`), so rebuilding a large store takes at most that share of the
+    machine from ingest. 1 (the default) means no pacing.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, refresh_interval_s: float = 0.0,
-                 memory_limit: str | None = None) -> None:
+                 refresh_max_share: float = 1.0, memory_limit: str | None = None) -> None:
+        if not 0 < refresh_max_share <= 1:
+            raise StoreError(f"refresh_max_share must be in (0, 1], got {refresh_max_share!r}")
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"folder {self.path.parent} does not exist")
@@ -60,6 +70,10 @@ class Store:
         except duckdb.Error as exc:
             raise StoreError(f"{self.path} is not a DuckDB store: {_one_line(exc)}") from exc
         self.refresh_interval_s = refresh_interval_s
+        self.refresh_max_share = refresh_max_share
+        self.last_refresh_error: str | None = None
+        """Why the last refresh failed (one line); None once one succeeds."""
+        self._refresh_failures = 0
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._closed = False
@@ -106,23 +120,45 @@ class Store:
                     "('refreshed_ns', ?)",
                     [_relations.relations_version(), str(time.time_ns())],
                 )
-            except BaseException:
+            except BaseException as exc:
                 self._dirty = True
+                # The attempt's cost counts for pacing, and the next waits longer (see
+                # refresh_gap_s): under load a refresh can run out of memory, and retrying at
+                # once would take that memory from the commits again and again.
+                self._last_refresh = time.monotonic()
+                self.last_refresh_s = time.perf_counter() - started
+                self._refresh_failures += 1
+                self.last_refresh_error = _one_line(exc) or type(exc).__name__
                 raise
             finally:
                 cur.close()
             self._last_refresh = time.monotonic()
             self.last_refresh_s = time.perf_counter() - started
+            self._refresh_failures = 0
+            self.last_refresh_error = None
             return self.last_refresh_s
 
+    @property
+    def refresh_gap_s(self) -> float:
+        """Seconds from the end of the last refresh until the next is due: ``refresh_interval_s``,
+        or longer after a slow refresh so that refreshing stays within ``refresh_max_share``."""
+        share = self.refresh_max_share
+        gap = max(self.refresh_interval_s, self.last_refresh_s * (1 - share) / share)
+        if self._refresh_failures:  # back off: 2, 4, 8… × the interval (at least 1 s)
+            backoff = max(self.refresh_interval_s, 1.0) * 2 ** min(self._refresh_failures, 16)
+            gap = max(gap, min(backoff, MAX_FAILED_REFRESH_GAP_S))
+        return gap
+
     def refresh_if_due(self) -> bool:
-        """Refresh when rows arrived since the last refresh, and either the last refresh is older
-        than ``refresh_interval_s`` or it was quick (under :data:`SYNC_REFRESH_BUDGET_S`): small
-        stores are always current, large ones at most about one interval behind."""
+        """Refresh when rows arrived since the last refresh, and either the last refresh ended
+        :attr:`refresh_gap_s` ago or it was quick (under :data:`SYNC_REFRESH_BUDGET_S`): small
+        stores are always current, large ones at most about one gap plus one refresh behind.
+        After a failed refresh only the gap counts (:attr:`last_refresh_error` says why)."""
         if not self._dirty:
             return False
-        old = time.monotonic() - self._last_refresh >= self.refresh_interval_s
-        if old or self.last_refresh_s <= SYNC_REFRESH_BUDGET_S:
+        old = time.monotonic() - self._last_refresh >= self.refresh_gap_s
+        quick = self.last_refresh_s <= SYNC_REFRESH_BUDGET_S and not self._refresh_failures
+        if old or quick:
             self.refresh()
             return True
         return False
@@ -182,19 +218,21 @@ class Store:
             self._con.execute("checkpoint")
 
     def close(self) -> None:
-        """Refresh what is pending, checkpoint and close; safe to call twice."""
+        """Refresh what is pending, checkpoint and close; safe to call twice. A failing refresh
+        still closes the store (its error is raised afterwards)."""
         if self._closed:
             return
-        if self._dirty:
-            self.refresh()
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                self._con.execute("checkpoint")
-            finally:
-                self._con.close()
+        try:
+            if self._dirty:
+                self.refresh()
+        finally:
+            with self._lock:
+                if not self._closed:
+                    self._closed = True
+                    try:
+                        self._con.execute("checkpoint")
+                    finally:
+                        self._con.close()
 
 
 def _add_missing_raw_columns(con: duckdb.DuckDBPyConnection) -> None:

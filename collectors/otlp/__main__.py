@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-group-spans", type=int, default=None)
     p.add_argument("--refresh-interval", type=float, default=None, metavar="S",
                    help="seconds between background rebuilds of the relations")
+    p.add_argument("--refresh-max-share", type=float, default=None, metavar="F",
+                   help="longest share of the time spent rebuilding the relations (default "
+                        "0.25: a slow refresh is followed by a pause 3x as long)")
+    p.add_argument("--store-memory-limit", default=None, metavar="SIZE",
+                   help="DuckDB memory limit of the store, e.g. 2GB (default 1GB)")
     p.add_argument("--commit-delay-ms", type=float, default=0.0,
                    help="testing only: sleep before every commit, to make a slow store and "
                         "exercise backpressure (benchmarks/backpressure_soak.py)")
@@ -56,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides["max_group_spans"] = a.max_group_spans
     if a.refresh_interval is not None:
         overrides["refresh_interval_s"] = a.refresh_interval
+    if a.refresh_max_share is not None:
+        overrides["refresh_max_share"] = a.refresh_max_share
+    if a.store_memory_limit is not None:
+        overrides["store_memory_limit"] = a.store_memory_limit
     delay_s = a.commit_delay_ms / 1000.0
     try:
         return run_collector(default_config(**overrides),

@@ -139,6 +139,7 @@ class Collector:
                 _OPEN_STORES.add(key)
             self._store_key = key
             store = Store(cfg.db_path, refresh_interval_s=cfg.refresh_interval_s,
+                          refresh_max_share=cfg.refresh_max_share,
                           memory_limit=cfg.store_memory_limit)
         except BaseException as exc:
             sock.close()
@@ -166,7 +167,7 @@ class Collector:
             )
             self._grpc.start()
         self._http.start()
-        self._refresher = threading.Thread(target=self._refresh_loop, args=(store, cfg.refresh_interval_s),
+        self._refresher = threading.Thread(target=self._refresh_loop, args=(store,),
                                            name="routeaudit-refresh", daemon=True)
         self._refresher.start()
         self._started_ns = time.time_ns()
@@ -218,14 +219,18 @@ class Collector:
                 self._state = "stopped"
             log.info("routeaudit collector stopped; store %s closed", self.config.db_path)
 
-    def _refresh_loop(self, store: Store, interval_s: float) -> None:
-        """Rebuild the relations every ``interval_s`` while rows arrive (own thread)."""
-        while not self._refresh_stop.wait(interval_s):
+    def _refresh_loop(self, store: Store) -> None:
+        """Rebuild the relations while rows arrive, paced by ``store.refresh_gap_s`` (own thread)."""
+        while not self._refresh_stop.wait(store.refresh_gap_s):
             try:
                 if store.refresh_if_due():
                     self.metrics.last_refresh_s = store.last_refresh_s
+                    self.metrics.inc("background_refreshes")
+                    self.metrics.inc("background_refresh_seconds", store.last_refresh_s)
             except Exception as exc:  # a broken relation must not stop ingest
-                log.warning("refreshing the relations failed: %s", one_line(exc))
+                self.metrics.inc("background_refresh_failures")
+                log.warning("refreshing the relations failed (next attempt in %.0f s): %s",
+                            store.refresh_gap_s, one_line(exc))
 
     def _shutdown(self) -> None:
         self._refresh_stop.set()
@@ -282,6 +287,10 @@ class Collector:
             "last_error": writer.last_error if writer else None,
             "last_refresh_ms": (round(self.metrics.last_refresh_s * 1000, 1)
                                 if self.metrics.last_refresh_s is not None else None),
+            # pause before the next refresh: how stale the relations may get under load
+            "refresh_gap_ms": (round(self._store.refresh_gap_s * 1000, 1)
+                               if self._store is not None else None),
+            "refresh_error": self._store.last_refresh_error if self._store is not None else None,
             "counters": self.metrics.snapshot(),
         }
 

@@ -48,6 +48,10 @@ DEFAULT_SCRAPE_INTERVAL_S: Final = 1.0
 DEFAULT_REFRESH_INTERVAL_S: Final = 2.0
 """How often the relations (requests, attributions, …) are rebuilt while new rows arrive; raw
 tables are always current. Queries therefore see relations at most about this old."""
+DEFAULT_REFRESH_MAX_SHARE: Final = 0.25
+"""At most this share of the time goes to rebuilding the relations while rows arrive: a refresh
+of a large store (minutes at a million requests) is followed by a pause three times as long
+instead of the next refresh, so ingest keeps most of the machine (docs/operations.md)."""
 DEFAULT_BODY_TIMEOUT_S: Final = 10.0
 """Longest an OTLP/HTTP request body may take to arrive once its headers are in; a slower
 sender (slow-loris) is answered 408 and disconnected, so it cannot hold the collector."""
@@ -93,7 +97,10 @@ class CollectorConfig:
     """Prometheus ``/metrics`` URLs sampled into ``raw_snapshots``."""
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
     refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
-    """Seconds between rebuilds of the relations while new rows arrive."""
+    """Seconds between rebuilds of the relations while new rows arrive (at least)."""
+    refresh_max_share: float = DEFAULT_REFRESH_MAX_SHARE
+    """Longest share of the time spent rebuilding relations: the pause after a refresh is at
+    least its duration × (1 − share) / share (``DEFAULT_REFRESH_MAX_SHARE``)."""
     store_memory_limit: str = DEFAULT_STORE_MEMORY_LIMIT
     """DuckDB memory limit of the store, e.g. ``"1GB"``; spills to disk beyond it."""
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
@@ -153,6 +160,10 @@ class CollectorConfig:
             raise ConfigError(f"export_timeout_s must be > 0, got {self.export_timeout_s!r}")
         if not self.refresh_interval_s > 0:
             raise ConfigError(f"refresh_interval_s must be > 0, got {self.refresh_interval_s!r}")
+        if not (isinstance(self.refresh_max_share, (int, float))
+                and not isinstance(self.refresh_max_share, bool)
+                and 0 < self.refresh_max_share <= 1):
+            raise ConfigError(f"refresh_max_share must be in (0, 1], got {self.refresh_max_share!r}")
         if not self.body_timeout_s > 0:
             raise ConfigError(f"body_timeout_s must be > 0, got {self.body_timeout_s!r}")
         for name in ("keep_prompts", "spool"):

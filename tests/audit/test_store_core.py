@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pytest
 
@@ -148,6 +149,59 @@ def test_raw_queries_do_not_wait_for_a_refresh(store_path: Path) -> None:
     store.query_arrow("select count(*) as n from requests")
     assert not store.dirty
     store.close()
+
+
+def test_slow_refreshes_are_paced_to_their_share_of_the_time(store_path: Path) -> None:
+    store = Store(store_path, refresh_max_share=0.5)
+    store.append(_spans("00000000000000c1"))
+    assert store.refresh_if_due() and not store.dirty  # a quick refresh is always due
+    # as if that refresh had taken 2.5 s: not quick, so the next waits 2.5 × (1 - 0.5) / 0.5
+    store.last_refresh_s = 2.5
+    assert store.refresh_gap_s == pytest.approx(2.5)
+    store.append(_spans("00000000000000c2"))
+    assert not store.refresh_if_due() and store.dirty
+    store.query_arrow("select count(*) from requests")  # a query does not force it either
+    assert store.dirty
+    time.sleep(2.6)
+    assert store.refresh_if_due() and not store.dirty
+    store.close()
+    unpaced = Store(store_path, refresh_interval_s=1.0)
+    unpaced.last_refresh_s = 2.5
+    assert unpaced.refresh_gap_s == 1.0  # share 1: the interval alone
+    unpaced.close()
+    for share in (0, -0.5, 1.5):
+        with pytest.raises(StoreError, match="refresh_max_share"):
+            Store(store_path, refresh_max_share=share)
+
+
+def test_a_failing_refresh_backs_off_and_says_why(store_path: Path) -> None:
+    store = Store(store_path, refresh_interval_s=1.0)
+    store._con.execute("alter table raw_snapshots rename to raw_snapshots_gone")  # breaks staging
+    store.append(_spans("00000000000000d1"))
+    with pytest.raises(StoreError, match="stg_snapshots"):
+        store.refresh_if_due()
+    assert "raw_snapshots" in (store.last_refresh_error or "") and store.dirty
+    # the attempt was quick, yet neither the next call nor a query retries before the pause
+    assert store.refresh_gap_s == pytest.approx(2.0)
+    assert not store.refresh_if_due()
+    assert store.query_arrow("select count(*) as n from raw_spans").to_pylist() == [{"n": 1}]
+    time.sleep(2.1)
+    with pytest.raises(StoreError):
+        store.refresh_if_due()
+    assert store.refresh_gap_s == pytest.approx(4.0)  # doubled
+    store._con.execute("alter table raw_snapshots_gone rename to raw_snapshots")
+    time.sleep(4.1)
+    assert store.refresh_if_due() and not store.dirty
+    assert store.last_refresh_error is None and store.refresh_gap_s == 1.0
+    store._con.execute("alter table raw_snapshots rename to raw_snapshots_gone")
+    store.append(_spans("00000000000000d2"))
+    with pytest.raises(StoreError):
+        store.close()  # the final refresh fails, the file is closed all the same
+    with pytest.raises(duckdb.ConnectionException):
+        store._con.execute("select 1")
+    reopened = duckdb.connect(str(store_path))
+    assert reopened.sql("select count(*) from raw_spans").fetchall() == [(2,)]
+    reopened.close()
 
 
 def test_a_store_from_another_sql_version_is_rebuilt_on_first_read(store_path: Path) -> None:

@@ -342,6 +342,58 @@ def test_health_and_metrics(collector: Collector) -> None:
     assert "routeaudit_collector_queue_spans 0.0" in text
 
 
+def test_background_refreshes_keep_to_their_share_of_the_time(tmp_path: Path) -> None:
+    # Spans arrive every 50 ms and the refresh interval is 50 ms: unpaced, the relations would
+    # be rebuilt back to back (~90 % of the time); paced at 0.2, each rebuild is followed by a
+    # pause four times as long.
+    cfg = make_config(tmp_path, refresh_interval_s=0.05, refresh_max_share=0.2)
+    with Collector(cfg) as c:
+        stop = threading.Event()
+
+        def feed() -> None:
+            seed = 100
+            while not stop.is_set():
+                post(c, make_request(2, seed=seed).SerializeToString())
+                seed += 1
+                time.sleep(0.05)
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        try:
+            deadline = time.monotonic() + 30
+            while c.metrics.value("background_refreshes") < 1:
+                assert time.monotonic() < deadline, "no background refresh"
+                time.sleep(0.02)
+            t0, busy0 = time.monotonic(), c.metrics.value("background_refresh_seconds")
+            time.sleep(8)
+            busy = (c.metrics.value("background_refresh_seconds") - busy0) / (time.monotonic() - t0)
+            h = httpx.get(c.http_url + "/health").json()
+        finally:
+            stop.set()
+            feeder.join()
+        assert c.metrics.value("background_refreshes") >= 2
+        assert busy < 0.45, f"refreshing took {busy:.0%} of the time"
+        assert h["refresh_gap_ms"] == pytest.approx(max(50.0, h["last_refresh_ms"] * 4), rel=0.01)
+        assert h["refresh_error"] is None
+
+
+def test_a_failing_background_refresh_backs_off_and_ingest_goes_on(tmp_path: Path) -> None:
+    with Collector(make_config(tmp_path, refresh_interval_s=0.05)) as c:
+        assert c._store is not None
+        c._store._con.execute("alter table raw_snapshots rename to raw_snapshots_gone")
+        deadline = time.monotonic() + 4
+        seed = 200
+        while time.monotonic() < deadline:
+            assert post(c, make_request(2, seed=seed).SerializeToString()).status_code == 200
+            seed += 1
+            time.sleep(0.05)
+        h = httpx.get(c.http_url + "/health").json()
+        assert "raw_snapshots" in h["refresh_error"] and h["status"] == "ok"
+        # pauses of 2, 4, 8 s (the interval is taken as 1 s): a few attempts in 4 s, not 80
+        assert 1 <= h["counters"]["background_refresh_failures"] <= 4
+        assert h["counters"]["spans_new"] == 2 * (seed - 200)
+
+
 def test_auth_token(tmp_path: Path) -> None:
     with Collector(make_config(tmp_path, token=TOKEN)) as c:
         body = make_request(2, seed=18).SerializeToString()
@@ -465,6 +517,8 @@ def test_default_config(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"grpc_port": -1}, "grpc_port"),
     ({"http_port": 5000, "grpc_port": 5000}, "both 5000"),
     ({"queue_max_spans": 0}, "queue_max_spans"),
+    ({"refresh_max_share": 0}, "refresh_max_share"),
+    ({"refresh_max_share": 1.5}, "refresh_max_share"),
     ({"max_decompressed_bytes": 10}, "max_decompressed_bytes"),
     ({"token": "has space"}, "token"),
     ({"scrape_targets": ("ftp://x",)}, "scrape target"),
