@@ -233,7 +233,8 @@ def _rss(pid: int) -> tuple[int, int]:
 
 def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
                seconds: float, refresh_interval: float | None = None,
-               spool: bool = False, queue_max_spans: int = 200_000) -> dict[str, Any]:
+               spool: bool = False, queue_max_spans: int = 200_000,
+               memory_limit: str | None = None) -> dict[str, Any]:
     import httpx
 
     tmp = tempfile.mkdtemp(prefix="ra-ingest-")
@@ -242,8 +243,10 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
                              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                              "--queue-max-spans", str(queue_max_spans)]
                             + (["--refresh-interval", str(refresh_interval)] if refresh_interval else [])
-                            + (["--spool"] if spool else []),
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            + (["--spool"] if spool else [])
+                            + (["--store-memory-limit", memory_limit] if memory_limit else []),
+                            cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=open(f"{tmp}/collector.log", "wb"))  # noqa: SIM115
     try:
         for _ in range(600):
             try:
@@ -261,12 +264,23 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
         for p in procs:
             p.start()
         peak_rss = 0
-        timeline: list[tuple[float, int]] = []  # (seconds, RSS) every 10 s: bounded or growing?
+        # every 10 s: RSS (bounded or growing?), spans committed, background refreshes and
+        # their seconds (what the relation rebuilds take from ingest)
+        timeline: list[tuple[float, int, int, int, int]] = []
+
+        def sample() -> None:
+            if timeline and time.perf_counter() - t0 - timeline[-1][0] < 10:
+                return
+            try:
+                c = httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=30).json()["counters"]
+            except httpx.HTTPError:
+                c = {}
+            timeline.append((time.perf_counter() - t0, _rss(proc.pid)[0], c.get("spans_committed", -1),
+                             c.get("background_refreshes", -1), c.get("background_refresh_seconds", -1)))
+
         while any(p.is_alive() for p in procs):
-            rss = _rss(proc.pid)[0]
-            peak_rss = max(peak_rss, rss)
-            if not timeline or time.perf_counter() - t0 - timeline[-1][0] >= 10:
-                timeline.append((time.perf_counter() - t0, rss))
+            peak_rss = max(peak_rss, _rss(proc.pid)[0])
+            sample()
             time.sleep(0.5)
         results = [q.get() for _ in procs]
         acked = sum(a for a, _ in results)
@@ -281,6 +295,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
             except httpx.HTTPError:
                 pass
             if committed < acked:
+                sample()
                 time.sleep(0.05)
         wall = time.perf_counter() - t0
         hwm = _rss(proc.pid)[1]
@@ -296,6 +311,10 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
         # the relations, which takes longer than the run itself on a busy 2-core machine.)
         proc.kill()
         proc.wait()
+        warnings = [line for line in Path(f"{tmp}/collector.log").read_text(errors="replace").splitlines()
+                    if " WARNING " in line or " ERROR " in line]
+        for line in warnings[:10]:
+            print("  collector:", line[:300])
         import duckdb
 
         con = duckdb.connect(f"{tmp}/audit.duckdb")
@@ -304,7 +323,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
         return {"transport": transport, "acked": acked, "refused_requests": refused,
                 "stored": stored, "wall_s": wall, "spans_per_s": acked / wall,
                 "peak_rss_mib": max(peak_rss, hwm) / 2**20, "native_fallbacks": fallbacks,
-                "rss_timeline_mib": [(round(t), round(r / 2**20)) for t, r in timeline]}
+                "timeline": [(round(t), round(r / 2**20), c, n, rs) for t, r, c, n, rs in timeline]}
     finally:
         proc.terminate()
         try:
@@ -330,6 +349,8 @@ def main() -> None:
     ap.add_argument("--refresh-interval", type=float, default=None, metavar="S",
                     help="collector's background relation rebuild interval (default: the "
                          "collector's own, 2 s); a large value measures ingest alone")
+    ap.add_argument("--store-memory-limit", default=None, metavar="SIZE",
+                    help="collector's DuckDB memory limit (default: the collector's own, 1GB)")
     args = ap.parse_args()
     bodies = make_templates(args.requests, args.batch, Path(args.cache) if args.cache else None)
     print(f"machine: nproc {os.cpu_count()}, load {os.getloadavg()[0]:.1f}; templates: {len(bodies)} "
@@ -341,7 +362,8 @@ def main() -> None:
             print(f"  {name:<36} {rate:>10,.0f}")
     for transport in args.transports:
         r = end_to_end(transport, bodies, args.batch, args.senders, args.seconds,
-                       args.refresh_interval, args.spool, args.queue_max_spans)
+                       args.refresh_interval, args.spool, args.queue_max_spans,
+                       args.store_memory_limit)
         ok = "OK" if r["stored"] >= r["acked"] else "MISSING SPANS"
         mode = "spool, " if args.spool else ""
         print(f"end to end {transport:<5} ({mode}refresh every {args.refresh_interval or 2:g} s) "
@@ -349,7 +371,10 @@ def main() -> None:
               f"stored {r['stored']:,} ({ok})  refused requests {r['refused_requests']}  "
               f"wall {r['wall_s']:.1f} s  collector peak RSS {r['peak_rss_mib']:.0f} MiB  "
               f"native-decoder fallbacks {r['native_fallbacks']}", flush=True)
-        print("  collector RSS (s, MiB): " + ", ".join(f"{t}:{m}" for t, m in r["rss_timeline_mib"]))
+        print("  every 10 s: seconds, collector RSS MiB, spans committed, background refreshes "
+              "(seconds in them):")
+        for t, m, c, n, rs in r["timeline"]:
+            print(f"    {t:4d} s {m:6,d} MiB {c:10,d} committed {n:3d} refreshes ({rs} s)")
 
 
 if __name__ == "__main__":
