@@ -54,10 +54,15 @@ class Store:
     the next is due no sooner than ``d * (1 - share) / share`` seconds later (see
     :attr:`refresh_gap_s`), so rebuilding a large store takes at most that share of the
     machine from ingest. 1 (the default) means no pacing.
+
+    ``background_refresh``: another thread calls :meth:`refresh_if_due` (the collector does), so
+    a query only refreshes first when that is quick; it never waits minutes for a large store's
+    rebuild, it reads the relations as last built.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, refresh_interval_s: float = 0.0,
-                 refresh_max_share: float = 1.0, memory_limit: str | None = None) -> None:
+                 refresh_max_share: float = 1.0, background_refresh: bool = False,
+                 memory_limit: str | None = None) -> None:
         if not 0 < refresh_max_share <= 1:
             raise StoreError(f"refresh_max_share must be in (0, 1], got {refresh_max_share!r}")
         self.path = Path(path)
@@ -71,6 +76,7 @@ class Store:
             raise StoreError(f"{self.path} is not a DuckDB store: {_one_line(exc)}") from exc
         self.refresh_interval_s = refresh_interval_s
         self.refresh_max_share = refresh_max_share
+        self.background_refresh = background_refresh
         self.last_refresh_error: str | None = None
         """Why the last refresh failed (one line); None once one succeeds."""
         self._refresh_failures = 0
@@ -122,20 +128,20 @@ class Store:
                 )
             except BaseException as exc:
                 self._dirty = True
-                # The attempt's cost counts for pacing, and the next waits longer (see
-                # refresh_gap_s): under load a refresh can run out of memory, and retrying at
-                # once would take that memory from the commits again and again.
-                self._last_refresh = time.monotonic()
-                self.last_refresh_s = time.perf_counter() - started
+                # The next attempt waits longer (see refresh_gap_s): under load a refresh can run
+                # out of memory, and retrying at once would take that memory from the commits
+                # again and again.
                 self._refresh_failures += 1
                 self.last_refresh_error = _one_line(exc) or type(exc).__name__
                 raise
+            else:
+                self._refresh_failures = 0
+                self.last_refresh_error = None
             finally:
                 cur.close()
-            self._last_refresh = time.monotonic()
-            self.last_refresh_s = time.perf_counter() - started
-            self._refresh_failures = 0
-            self.last_refresh_error = None
+                # a failed attempt's cost counts for pacing as a refresh's does
+                self._last_refresh = time.monotonic()
+                self.last_refresh_s = time.perf_counter() - started
             return self.last_refresh_s
 
     @property
@@ -149,16 +155,17 @@ class Store:
             gap = max(gap, min(backoff, MAX_FAILED_REFRESH_GAP_S))
         return gap
 
-    def refresh_if_due(self) -> bool:
+    def refresh_if_due(self, *, quick_only: bool = False) -> bool:
         """Refresh when rows arrived since the last refresh, and either the last refresh ended
         :attr:`refresh_gap_s` ago or it was quick (under :data:`SYNC_REFRESH_BUDGET_S`): small
         stores are always current, large ones at most about one gap plus one refresh behind.
-        After a failed refresh only the gap counts (:attr:`last_refresh_error` says why)."""
+        After a failed refresh only the gap counts (:attr:`last_refresh_error` says why).
+        ``quick_only``: only the second condition (a query with a background refresher)."""
         if not self._dirty:
             return False
         old = time.monotonic() - self._last_refresh >= self.refresh_gap_s
         quick = self.last_refresh_s <= SYNC_REFRESH_BUDGET_S and not self._refresh_failures
-        if old or quick:
+        if quick or (old and not quick_only):
             self.refresh()
             return True
         return False
@@ -208,7 +215,7 @@ class Store:
         cur = self._con.cursor()
         try:
             if self._dirty and _reads_relations(cur, sql):
-                self.refresh_if_due()
+                self.refresh_if_due(quick_only=self.background_refresh)
             return _run(cur, sql, params, variables)
         finally:
             cur.close()

@@ -139,7 +139,7 @@ class Collector:
                 _OPEN_STORES.add(key)
             self._store_key = key
             store = Store(cfg.db_path, refresh_interval_s=cfg.refresh_interval_s,
-                          refresh_max_share=cfg.refresh_max_share,
+                          refresh_max_share=cfg.refresh_max_share, background_refresh=True,
                           memory_limit=cfg.store_memory_limit)
         except BaseException as exc:
             sock.close()

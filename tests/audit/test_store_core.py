@@ -174,6 +174,19 @@ def test_slow_refreshes_are_paced_to_their_share_of_the_time(store_path: Path) -
             Store(store_path, refresh_max_share=share)
 
 
+def test_with_a_background_refresher_queries_never_wait_for_a_slow_refresh(
+        store_path: Path) -> None:
+    for background, refreshed_by_query in ((False, True), (True, False)):
+        store = Store(store_path, background_refresh=background)
+        store.append(_spans("00000000000000e1" if background else "00000000000000e0"))
+        store.last_refresh_s = 30.0  # as if the last rebuild had taken 30 s; the gap (0) is over
+        store.query_arrow("select count(*) from requests")
+        assert store.dirty is not refreshed_by_query
+        assert store.refresh_if_due() is background  # the refresher's own call does rebuild
+        assert not store.dirty
+        store.close()
+
+
 def test_a_failing_refresh_backs_off_and_says_why(store_path: Path) -> None:
     store = Store(store_path, refresh_interval_s=1.0)
     store._con.execute("alter table raw_snapshots rename to raw_snapshots_gone")  # breaks staging
