@@ -31,6 +31,10 @@ SIDECAR_SUFFIX = ".collector.json"
 SYNC_REFRESH_BUDGET_S = 2.0
 """A query refreshes stale relations first when the last refresh took at most this long."""
 
+QUERY_REFRESH_BUDGET_S = 10.0
+"""With a background refresher, a query waits for a due refresh only when the last one took at
+most this long; a larger store's rebuild (minutes at a million requests) is left to it."""
+
 MAX_FAILED_REFRESH_GAP_S = 300.0
 """Longest pause before retrying after refreshes that failed (they back off, doubling)."""
 
@@ -56,8 +60,10 @@ class Store:
     machine from ingest. 1 (the default) means no pacing.
 
     ``background_refresh``: another thread calls :meth:`refresh_if_due` (the collector does), so
-    a query only refreshes first when that is quick; it never waits minutes for a large store's
-    rebuild, it reads the relations as last built.
+    a query refreshes first only when the last refresh took at most
+    :data:`QUERY_REFRESH_BUDGET_S`, and then ``refresh_interval_s`` after it (unpaced: a reader
+    is waiting); it never waits minutes for a large store's rebuild, it reads the relations as
+    last built and the paced background thread rebuilds them.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, refresh_interval_s: float = 0.0,
@@ -155,17 +161,22 @@ class Store:
             gap = max(gap, min(backoff, MAX_FAILED_REFRESH_GAP_S))
         return gap
 
-    def refresh_if_due(self, *, quick_only: bool = False) -> bool:
+    def refresh_if_due(self, *, for_query: bool = False) -> bool:
         """Refresh when rows arrived since the last refresh, and either the last refresh ended
         :attr:`refresh_gap_s` ago or it was quick (under :data:`SYNC_REFRESH_BUDGET_S`): small
         stores are always current, large ones at most about one gap plus one refresh behind.
         After a failed refresh only the gap counts (:attr:`last_refresh_error` says why).
-        ``quick_only``: only the second condition (a query with a background refresher)."""
+        ``for_query`` with :attr:`background_refresh`: the rule in the class docstring."""
         if not self._dirty:
             return False
-        old = time.monotonic() - self._last_refresh >= self.refresh_gap_s
+        elapsed = time.monotonic() - self._last_refresh
         quick = self.last_refresh_s <= SYNC_REFRESH_BUDGET_S and not self._refresh_failures
-        if quick or (old and not quick_only):
+        if for_query and self.background_refresh:
+            due = quick or (not self._refresh_failures and elapsed >= self.refresh_interval_s
+                            and self.last_refresh_s <= QUERY_REFRESH_BUDGET_S)
+        else:
+            due = quick or elapsed >= self.refresh_gap_s
+        if due:
             self.refresh()
             return True
         return False
@@ -215,7 +226,7 @@ class Store:
         cur = self._con.cursor()
         try:
             if self._dirty and _reads_relations(cur, sql):
-                self.refresh_if_due(quick_only=self.background_refresh)
+                self.refresh_if_due(for_query=True)
             return _run(cur, sql, params, variables)
         finally:
             cur.close()

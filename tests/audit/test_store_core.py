@@ -176,13 +176,15 @@ def test_slow_refreshes_are_paced_to_their_share_of_the_time(store_path: Path) -
 
 def test_with_a_background_refresher_queries_never_wait_for_a_slow_refresh(
         store_path: Path) -> None:
-    for background, refreshed_by_query in ((False, True), (True, False)):
+    # as if the last rebuild had taken 30 s (a large store) or 5 s; no pacing, the interval is over
+    cases = ((False, 30.0, True), (True, 30.0, False), (True, 5.0, True))
+    for i, (background, last_s, refreshed_by_query) in enumerate(cases):
         store = Store(store_path, background_refresh=background)
-        store.append(_spans("00000000000000e1" if background else "00000000000000e0"))
-        store.last_refresh_s = 30.0  # as if the last rebuild had taken 30 s; the gap (0) is over
+        store.append(_spans(f"00000000000000e{i}"))
+        store.last_refresh_s = last_s
         store.query_arrow("select count(*) from requests")
-        assert store.dirty is not refreshed_by_query
-        assert store.refresh_if_due() is background  # the refresher's own call does rebuild
+        assert store.dirty is not refreshed_by_query, (background, last_s)
+        assert store.refresh_if_due() is not refreshed_by_query  # the refresher's own call
         assert not store.dirty
         store.close()
 
