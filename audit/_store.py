@@ -56,8 +56,8 @@ class Store:
 
     ``refresh_max_share`` paces refreshes that are not quick: after one that took ``d`` seconds,
     the next is due no sooner than ``d * (1 - share) / share`` seconds later (see
-    :attr:`refresh_gap_s`), so rebuilding a large store takes at most that share of the
-    machine from ingest. 1 (the default) means no pacing.
+    :attr:`refresh_gap_s`), so rebuilding a large store takes at most that share of the time
+    from ingest. 1 (the default) means no pacing.
 
     ``background_refresh``: another thread calls :meth:`refresh_if_due` (the collector does), so
     a query refreshes first only when the last refresh took at most
