@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="longest share of the time spent rebuilding the relations (default "
                         "0.25: a slow refresh is followed by a pause 3x as long)")
     p.add_argument("--store-memory-limit", default=None, metavar="SIZE",
-                   help="DuckDB memory limit of the store, e.g. 2GB (default 1GB)")
+                   help="DuckDB memory limit of the store, e.g. 4GB (default 25%% of the "
+                        "machine's memory)")
     p.add_argument("--commit-delay-ms", type=float, default=0.0,
                    help="testing only: sleep before every commit, to make a slow store and "
                         "exercise backpressure (benchmarks/backpressure_soak.py)")

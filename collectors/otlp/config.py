@@ -59,8 +59,10 @@ DEFAULT_KEEP_PROMPTS: Final = False
 """Privacy default: attribute values of known prompt/completion keys (``gen_ai.prompt*``,
 ``gen_ai.input.messages``, ``llm.input_messages*``, ``input.value``, ...) are dropped by the
 decoder (and counted) unless the collector is started with ``keep_prompts=True``."""
-DEFAULT_STORE_MEMORY_LIMIT: Final = "1GB"
-"""DuckDB's memory limit in the collector (its own default is 80 % of the machine's memory)."""
+DEFAULT_STORE_MEMORY_LIMIT: Final = "25%"
+"""DuckDB's memory limit in the collector, a share of the machine's memory (DuckDB's own default
+is 80 %). A fixed 1 GB could not rebuild the relations of a million-request store (out of memory
+in a recursive CTE, which does not spill; 4 GB did, in 239 s: docs/performance.md)."""
 DEFAULT_SPOOL: Final = False
 """Acknowledge an export once it is synced to the spool (``<db>.spool/``) instead of once it is
 committed to DuckDB: much larger commits, hence several times the ingest rate, at the cost of
@@ -102,7 +104,8 @@ class CollectorConfig:
     """Longest share of the time spent rebuilding relations: the pause after a refresh is at
     least its duration × (1 − share) / share (``DEFAULT_REFRESH_MAX_SHARE``)."""
     store_memory_limit: str = DEFAULT_STORE_MEMORY_LIMIT
-    """DuckDB memory limit of the store, e.g. ``"1GB"``; spills to disk beyond it."""
+    """DuckDB memory limit of the store, e.g. ``"4GB"`` or ``"25%"`` (of the machine's memory);
+    spills to disk beyond it where DuckDB can."""
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     """Seconds an OTLP/HTTP body may take to arrive (after the headers); slower → 408."""
     keep_prompts: bool = DEFAULT_KEEP_PROMPTS
