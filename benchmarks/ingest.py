@@ -14,7 +14,9 @@ requests (each send gets fresh trace ids, so nothing is a duplicate) for ``--sec
 OTLP/HTTP protobuf, OTLP/HTTP JSON and OTLP/gRPC. A span counts once its export was answered
 OK (= committed; with ``--spool`` the clock runs on until the collector reports every
 acknowledged span committed); at the end the collector is SIGKILLed and ``count(*)`` of ``raw_spans`` in the
-file (after WAL replay) must be at least the acknowledged spans. The collector's peak RSS (VmHWM) is read from /proc.
+file (after WAL replay) must be at least the acknowledged spans. The collector's peak RSS (VmHWM) is read from /proc;
+every 10 s the run also prints its RSS, the spans committed and the background refreshes (count and seconds, from
+``/health``), and at the end the collector's warnings (a failed commit or refresh shows there).
 
     python3 benchmarks/ingest.py                       # stages + 15 s per transport
     python3 benchmarks/ingest.py --seconds 60 --transports http   # the 60 s run
