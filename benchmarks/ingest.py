@@ -31,6 +31,7 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,12 +45,19 @@ sys.path.insert(0, str(ROOT))
 
 MARKER = bytes.fromhex("a1b2c3d4e5f6")
 """Every template trace id starts with these 6 bytes; each send replaces them (fresh ids)."""
+RUN_MARKER = b"ingest-run-00000000"
+"""The templates' run id (in the run and request id attributes); each send replaces it, so
+request ids are unique as in a real fleet (a store of one request id repeated hundreds of times
+makes every join on it quadratic)."""
 
 
 def make_templates(n_requests: int, batch: int, cache: Path | None) -> list[bytes]:
-    """Serialized ExportTraceServiceRequests of ``batch`` spans with marker-prefixed trace ids."""
+    """Serialized ExportTraceServiceRequests of ``batch`` spans with marker-prefixed trace ids
+    and the run id replaced by :data:`RUN_MARKER`."""
     if cache is not None and cache.exists():
-        return pickle.loads(cache.read_bytes())
+        cached: list[bytes] = pickle.loads(cache.read_bytes())
+        if all(RUN_MARKER in b for b in cached):
+            return cached
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -70,7 +78,9 @@ def make_templates(n_requests: int, batch: int, cache: Path | None) -> list[byte
             for ss in rs.scope_spans:
                 for sp in ss.spans:
                     sp.trace_id = MARKER + sp.trace_id[6:]
-        bodies.append(req.SerializeToString())
+        # same length, so every length prefix stays valid
+        assert len(sim.run_id) == len(RUN_MARKER), sim.run_id
+        bodies.append(req.SerializeToString().replace(sim.run_id.encode(), RUN_MARKER))
     if cache is not None:
         cache.write_bytes(pickle.dumps(bodies))
     return bodies
@@ -180,12 +190,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _run_tag(sender: int, seq: int) -> bytes:
+    return RUN_MARKER[:-8] + f"{sender:x}{seq:07x}"[-8:].encode()
+
+
 def _fresh(body: bytes, sender: int, seq: int) -> bytes:
-    return body.replace(MARKER, bytes([0xA0 + sender]) + (seq + 1).to_bytes(5, "big"))
+    body = body.replace(MARKER, bytes([0xA0 + sender]) + (seq + 1).to_bytes(5, "big"))
+    return body.replace(RUN_MARKER, _run_tag(sender, seq))
 
 
 def _fresh_json(body: bytes, sender: int, seq: int) -> bytes:
-    return body.replace(MARKER.hex().encode(), (bytes([0xA0 + sender]) + (seq + 1).to_bytes(5, "big")).hex().encode())
+    body = body.replace(MARKER.hex().encode(),
+                        (bytes([0xA0 + sender]) + (seq + 1).to_bytes(5, "big")).hex().encode())
+    return body.replace(RUN_MARKER, _run_tag(sender, seq))
 
 
 def sender(transport: str, port: int, bodies: list[bytes], batch: int, idx: int, seconds: float,
@@ -332,6 +349,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
             proc.wait(120)
         except subprocess.TimeoutExpired:
             proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)  # about 1 GB per run
 
 
 def main() -> None:
