@@ -257,6 +257,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
     import httpx
 
     tmp = tempfile.mkdtemp(prefix="ra-ingest-")
+    log = open(f"{tmp}/collector.log", "wb")  # noqa: SIM115 - closed in the finally below
     http_port, grpc_port = _free_port(), _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "collectors.otlp", "--db", f"{tmp}/audit.duckdb",
                              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
@@ -264,8 +265,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
                             + (["--refresh-interval", str(refresh_interval)] if refresh_interval else [])
                             + (["--spool"] if spool else [])
                             + (["--store-memory-limit", memory_limit] if memory_limit else []),
-                            cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=open(f"{tmp}/collector.log", "wb"))  # noqa: SIM115
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     try:
         for _ in range(600):
             try:
@@ -349,6 +349,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
             proc.wait(120)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
         shutil.rmtree(tmp, ignore_errors=True)  # about 1 GB per run
 
 
@@ -370,7 +371,7 @@ def main() -> None:
                     help="collector's background relation rebuild interval (default: the "
                          "collector's own, 2 s); a large value measures ingest alone")
     ap.add_argument("--store-memory-limit", default=None, metavar="SIZE",
-                    help="collector's DuckDB memory limit (default: the collector's own, 1GB)")
+                    help="collector's DuckDB memory limit (default: the collector's own, 25%%)")
     args = ap.parse_args()
     bodies = make_templates(args.requests, args.batch, Path(args.cache) if args.cache else None)
     print(f"machine: nproc {os.cpu_count()}, load {os.getloadavg()[0]:.1f}; templates: {len(bodies)} "
