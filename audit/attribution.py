@@ -198,7 +198,7 @@ execs as (
             as end_at,
         e.e2e_ms, coalesce(e.status, 'ok') as status
     from executions as e
-    left join requests as r on e.request_id = r.request_id
+    left join requests as r on e.request_key = r.request_key
     where ? is null or r.run_id = ?
 ),
 edges as (

@@ -146,7 +146,7 @@ def has_relation(reader: Reads, name: str, *columns: str,
     return cols is not None and all(c in cols for c in columns)
 
 
-_ATTR_COLS: Final = ("request_id", "run_id", "cause", "excess_ms", "is_primary")
+_ATTR_COLS: Final = ("request_key", "request_id", "run_id", "cause", "excess_ms", "is_primary")
 
 
 def _primary_attr_cte(reader: Reads) -> str | None:
@@ -155,12 +155,12 @@ def _primary_attr_cte(reader: Reads) -> str | None:
         return None
     return (
         "primary_attr as (\n"
-        "    select request_id, run_id, cause, sub_kind, excess_ms, confidence, evidence,\n"
+        "    select request_key, cause, sub_kind, excess_ms, confidence, evidence,\n"
         "        evidence_source\n"
         "    from attributions\n"
         "    where is_primary\n"
         "    qualify row_number() over (\n"
-        "        partition by request_id, run_id order by excess_ms desc nulls last) = 1\n"
+        "        partition by request_key order by excess_ms desc nulls last) = 1\n"
         ")"
     )
 
@@ -262,7 +262,7 @@ def replica_load_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
                 coalesce(c.waiting, 0) + coalesce(c.running, 0) as load
             from candidates as c
             inner join decisions as d
-                on c.request_id = d.request_id and c.attempt = d.attempt
+                on c.request_key = d.request_key and c.attempt = d.attempt
             where d.decided_at is not null and c.replica is not null
                 and (c.waiting is not null or c.running is not null)
         ),
@@ -399,7 +399,7 @@ def _slow_sql(reader: Reads, slo: Mapping[str, float] | None, *, start: datetime
                 cast(a.evidence_source as varchar) as evidence_source
             from base
             left join primary_attr as a
-                on a.request_id = base.request_id and a.run_id is not distinct from base.run_id
+                on a.request_key = base.request_key
         )"""
     if cause is not None:
         params.append(cause)
@@ -410,9 +410,9 @@ def _slow_sql(reader: Reads, slo: Mapping[str, float] | None, *, start: datetime
 _SLOW_ROWS: Final = f"""
     select request_id, run_id, client_start, ttft_ms, tpot_ms, over_slo_ms, cause,
         sub_kind, excess_ms, confidence, evidence, evidence_source,
-        {_REPLICA} as replica, router_id, policy
+        {_REPLICA} as replica, router_id, policy, request_key
     from slow_f"""
-_SLOW_ROWS_ORDER: Final = "coalesce(excess_ms, over_slo_ms) desc, request_id"
+_SLOW_ROWS_ORDER: Final = "coalesce(excess_ms, over_slo_ms) desc, request_id, request_key"
 _SLOW_CAUSES: Final = """
     select cause, count(*) as requests,
         sum(coalesce(excess_ms, over_slo_ms)) as total_excess_ms,
@@ -432,7 +432,8 @@ def slow_requests(reader: Reads, slo: Mapping[str, float] | None = None, *,
     Columns: request_id, run_id, client_start, ttft_ms, tpot_ms, over_slo_ms (ms beyond the
     targets: TTFT excess + TPOT excess × (output tokens − 1)), cause (primary cause, or
     ``'unattributed'`` when the attribution relations are absent or silent), sub_kind, excess_ms
-    (attributed), confidence, evidence, evidence_source, replica, router_id, policy.
+    (attributed), confidence, evidence, evidence_source, replica, router_id, policy,
+    request_key (request ids may repeat; the key does not).
     """
     ctes, params = _slow_sql(reader, slo, start=start, end=end, replica=replica, router=router,
                              policy=policy, run=run, cause=cause)
@@ -498,12 +499,24 @@ def _rows_of(both: pl.DataFrame, column: str) -> pl.DataFrame:
 # --------------------------------------------------------------------------------------------
 # One request
 # --------------------------------------------------------------------------------------------
-def request_detail(reader: Reads, request_id: str) -> pl.DataFrame:
-    """The request's row in ``requests`` (0 or 1 row)."""
-    return reader.query("select * from requests where request_id = ? limit 1", [request_id])
+def request_matches(reader: Reads, text: str, limit: int = 50) -> pl.DataFrame:
+    """Requests whose request id or request key is ``text``, latest first: request ids repeat
+    (capture runs, replays, clients reusing X-Request-Id), request keys do not. Columns:
+    request_key, request_id, run_id, client_start, status, ttft_ms."""
+    return reader.query(
+        "select request_key, request_id, run_id, client_start, status, ttft_ms from requests "
+        "where request_id = ? or request_key = ? "
+        "order by client_start desc nulls last, request_key limit ?",
+        [text, text, int(limit)])
 
 
-def request_waterfall(reader: Reads, request_id: str) -> pl.DataFrame:
+def request_detail(reader: Reads, request_key: str) -> pl.DataFrame:
+    """The request's row in ``requests`` (0 or 1 row); ``request_key`` from
+    :func:`request_matches` (the other request functions take it too)."""
+    return reader.query("select * from requests where request_key = ?", [request_key])
+
+
+def request_waterfall(reader: Reads, request_key: str) -> pl.DataFrame:
     """Client, router and replica phases of one request on the reference clock.
 
     Columns: lane (client / router / replica), phase, start_ms, end_ms (ms since the earliest
@@ -512,9 +525,9 @@ def request_waterfall(reader: Reads, request_id: str) -> pl.DataFrame:
     """
     return reader.query(
         """
-        with req as (select * from requests where request_id = ?),
-        dec as (select * from decisions where request_id = ?),
-        exe as (select * from executions where request_id = ?),
+        with req as (select * from requests where request_key = ?),
+        dec as (select * from decisions where request_key = ?),
+        exe as (select * from executions where request_key = ?),
         phases as (
             select 'client' as lane, 'client e2e' as phase, client_start as start_at,
                 e2e_ms as duration_ms, 1 as ord
@@ -551,20 +564,26 @@ def request_waterfall(reader: Reads, request_id: str) -> pl.DataFrame:
         select lane, phase, start_ms, end_ms, duration_ms, start_at from final
         order by ord, start_ms
         """,
-        [request_id, request_id, request_id],
+        [request_key, request_key, request_key],
     )
 
 
-def request_spans(reader: Reads, request_id: str, limit: int = 200) -> pl.DataFrame:
-    """Raw spans of the request (by request id or its trace). Times are on each emitter's own
-    clock (raw, uncorrected). Columns: name, component, service, kind, start_at (emitter clock),
-    duration_ms, status_code, trace_id, span_id, parent_span_id."""
+def request_spans(reader: Reads, request_key: str, limit: int = 200) -> pl.DataFrame:
+    """Raw spans of the request: those the audit linked to it (every trace it crossed), else
+    its trace. Times are on each emitter's own clock (raw, uncorrected). Columns: name,
+    component, service, kind, start_at (emitter clock), duration_ms, status_code, trace_id,
+    span_id, parent_span_id."""
+    if has_relation(reader, "int_spans_clock_corrected", "trace_id", "span_id", "request_key"):
+        linked = ("select trace_id, span_id from int_spans_clock_corrected "
+                  "where request_key = ?")
+    else:
+        linked = ("select s.trace_id, s.span_id from raw_spans as s "
+                  "semi join requests as r on r.trace_id = s.trace_id and r.request_key = ?")
     return reader.query(
-        """
-        with ids as (select trace_id from requests where request_id = ? and trace_id is not null),
-        spans as (
-            select * from raw_spans
-            where a_request_id = ? or trace_id in (select trace_id from ids)
+        f"""
+        with spans as (
+            select s.* from raw_spans as s
+            semi join ({linked}) as k on k.trace_id = s.trace_id and k.span_id = s.span_id
         )
         select name, a_component as component, service_name as service, kind,
             make_timestamp(start_ns // 1000) as start_at,
@@ -574,18 +593,18 @@ def request_spans(reader: Reads, request_id: str, limit: int = 200) -> pl.DataFr
         order by start_ns
         limit ?
         """,
-        [request_id, request_id, int(limit)],
+        [request_key, int(limit)],
     )
 
 
-def request_decisions(reader: Reads, request_id: str) -> pl.DataFrame:
+def request_decisions(reader: Reads, request_key: str) -> pl.DataFrame:
     """Routing attempts of the request (``decisions`` rows), by attempt."""
     return reader.query(
-        "select * from decisions where request_id = ? order by attempt", [request_id]
+        "select * from decisions where request_key = ? order by attempt", [request_key]
     )
 
 
-def request_candidates(reader: Reads, request_id: str) -> pl.DataFrame:
+def request_candidates(reader: Reads, request_key: str) -> pl.DataFrame:
     """Every candidate of every attempt, what the router saw beside the true state.
 
     Router's view: eligible, excluded_reason, chosen, waiting, running, kv_usage,
@@ -598,18 +617,18 @@ def request_candidates(reader: Reads, request_id: str) -> pl.DataFrame:
     return reader.query(
         """
         with dec as (
-            select request_id, attempt, decided_at, chosen_replica, reason
-            from decisions where request_id = ?
+            select request_key, attempt, decided_at, chosen_replica, reason
+            from decisions where request_key = ?
         ),
         cand as (
-            select c.*, dec.decided_at
+            select c.* exclude (decided_at), dec.decided_at
             from candidates as c
-            inner join dec on c.request_id = dec.request_id and c.attempt = dec.attempt
+            inner join dec on c.request_key = dec.request_key and c.attempt = dec.attempt
         ),
         with_inflight as (
             select cand.*,
                 (select count(*) from executions as e
-                 where e.replica = cand.replica and e.request_id <> cand.request_id
+                 where e.replica = cand.replica and e.request_key <> cand.request_key
                      and e.start_at <= cand.decided_at
                      and (e.end_at is null or e.end_at > cand.decided_at)) as true_in_flight
             from cand
@@ -629,24 +648,25 @@ def request_candidates(reader: Reads, request_id: str) -> pl.DataFrame:
         select * from final
         order by attempt, chosen desc nulls last, score desc nulls last, replica
         """,
-        [request_id],
+        [request_key],
     )
 
 
-def request_attributions(reader: Reads, request_id: str,
+def request_attributions(reader: Reads, request_key: str,
                          slo: Mapping[str, float] | None = None) -> pl.DataFrame:
     """The attribution rows (verdict and evidence) of one request, primary first; empty frame
     when the attribution relations are not installed."""
     if not has_relation(reader, "attributions", *_ATTR_COLS):
         return pl.DataFrame()
-    # Computed live (a non-default SLO), only this request's rows are computed.
+    ids = reader.query("select request_id from requests where request_key = ?", [request_key])
+    # Computed live (a non-default SLO), only the requests of this id are computed.
     return _query(
         reader,
-        "select * from attributions where request_id = ? "
+        "select * from attributions where request_key = ? "
         "order by is_primary desc, excess_ms desc nulls last",
-        [request_id],
+        [request_key],
         slo,
-        request=request_id,
+        request=ids["request_id"][0] if ids.height else None,
     )
 
 
@@ -879,7 +899,7 @@ EXAMPLE_QUERIES: Final[Mapping[str, str]] = {
     ),
     "Stale telemetry at decision time": (
         "select d.router_id, c.replica, c.telemetry_age_ms\nfrom candidates c\n"
-        "join decisions d using (request_id, attempt)\n"
+        "join decisions d using (request_key, attempt)\n"
         "order by c.telemetry_age_ms desc nulls last\nlimit 50"
     ),
     "Relations and columns": (

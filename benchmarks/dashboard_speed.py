@@ -30,9 +30,10 @@ def page_queries(reader: Any, slo: dict[str, float]) -> dict[str, Timed]:
 
     worst = q.slow_requests(reader, slo, limit=1)
     if worst.height == 0:
-        worst = reader.query("select request_id from requests order by ttft_ms desc nulls last "
-                             "limit 1")
+        worst = reader.query("select request_id, request_key from requests "
+                             "order by ttft_ms desc nulls last limit 1")
     rid = str(worst["request_id"][0]) if worst.height else "none"
+    key = str(worst["request_key"][0]) if worst.height else "none"
     runs = q.run_list(reader)["run_id"].to_list()[:2]
     return {
         "overview": [
@@ -51,12 +52,13 @@ def page_queries(reader: Any, slo: dict[str, float]) -> dict[str, Timed]:
             ("slow_page", lambda: q.slow_page(reader, slo, run=runs[0] if runs else None)),
         ],
         f"request ({rid})": [
-            ("request_detail", lambda: q.request_detail(reader, rid)),
-            ("request_attributions", lambda: q.request_attributions(reader, rid, slo)),
-            ("request_waterfall", lambda: q.request_waterfall(reader, rid)),
-            ("request_decisions", lambda: q.request_decisions(reader, rid)),
-            ("request_candidates", lambda: q.request_candidates(reader, rid)),
-            ("request_spans", lambda: q.request_spans(reader, rid)),
+            ("request_matches", lambda: q.request_matches(reader, rid)),
+            ("request_detail", lambda: q.request_detail(reader, key)),
+            ("request_attributions", lambda: q.request_attributions(reader, key, slo)),
+            ("request_waterfall", lambda: q.request_waterfall(reader, key)),
+            ("request_decisions", lambda: q.request_decisions(reader, key)),
+            ("request_candidates", lambda: q.request_candidates(reader, key)),
+            ("request_spans", lambda: q.request_spans(reader, key)),
         ],
         "cache": [
             ("cache_by_replica", lambda: q.cache_by_replica(reader)),

@@ -10,18 +10,36 @@ from dashboards import _ui
 st.title("Request drill-down")
 
 default_id = st.query_params.get("request_id") or st.session_state.get("request_id") or ""
-request_id = st.text_input("Request id", value=default_id, key="drill_request_id").strip()
+request_id = st.text_input("Request id (or request key)", value=default_id,
+                           key="drill_request_id").strip()
 if not request_id:
     st.info("Pick a request on the Slow requests page, or paste a request id (X-Request-Id).")
     st.stop()
 if st.query_params.get("request_id") != request_id:
     st.query_params["request_id"] = request_id
 
-detail = _ui.query("request_detail", request_id)
-if detail is None:
+matches = _ui.query("request_matches", request_id)
+if matches is None:
     st.stop()
-if detail.height == 0:
+if matches.height == 0:
     st.warning(f"No request `{request_id}` in `requests`.")
+    st.stop()
+keys = matches["request_key"].to_list()
+wanted = st.query_params.get("request_key") or st.session_state.get("request_key")
+if len(keys) > 1:
+    # request ids repeat (capture runs, replays, clients reusing X-Request-Id): pick one
+    labels = {m["request_key"]: f"run {m['run_id']} · sent {m['client_start']} · {m['status']} · "
+              f"key {m['request_key']}" for m in matches.iter_rows(named=True)}
+    st.caption(f"{len(keys)} requests carry the id `{request_id}`.")
+    request_key = st.selectbox("Which request", keys, index=keys.index(wanted) if wanted in keys
+                               else 0, format_func=labels.__getitem__, key="drill_request_key")
+else:
+    request_key = keys[0]
+if st.query_params.get("request_key") != request_key:
+    st.query_params["request_key"] = request_key
+
+detail = _ui.query("request_detail", request_key)
+if _ui.empty(detail):
     st.stop()
 r = detail.row(0, named=True)
 slo = _ui.slo()
@@ -42,7 +60,7 @@ st.caption(f"policy `{r['policy']}` · router `{r['router_id']}` · run `{r['run
            f"link {r['link_method']}" + (" · ⚠ clock suspect" if r["clock_suspect"] else ""))
 
 st.subheader("Verdict")
-attributions = _ui.query("request_attributions", request_id, slo)
+attributions = _ui.query("request_attributions", request_key, slo)
 if attributions is None:
     pass
 elif attributions.height == 0:
@@ -61,7 +79,7 @@ else:
     st.dataframe(attributions, hide_index=True)
 
 st.subheader("Timeline (reference clock)")
-waterfall = _ui.query("request_waterfall", request_id)
+waterfall = _ui.query("request_waterfall", request_key)
 if _ui.empty(waterfall):
     st.info("No timed spans for this request.")
 else:
@@ -76,7 +94,7 @@ else:
     ).properties(height=max(120, 36 * waterfall.height)))
 
 st.subheader("Decision record")
-decisions = _ui.query("request_decisions", request_id)
+decisions = _ui.query("request_decisions", request_key)
 if _ui.empty(decisions):
     st.info(_ui.NO_DECISIONS)
 else:
@@ -84,7 +102,7 @@ else:
         st.markdown(f"Attempt {d['attempt']}: router `{d['router_id']}` ({d['policy']}) chose "
                     f"**{d['chosen_replica']}** because *{d['reason']}* → {d['outcome']}"
                     + ("" if d["recorded"] in (None, True) else " (reconstructed from snapshots)"))
-    candidates = _ui.query("request_candidates", request_id)
+    candidates = _ui.query("request_candidates", request_key)
     if _ui.empty(candidates):
         st.info("The decision carries no candidate records.")
     else:
@@ -108,7 +126,7 @@ cols[1].metric("Actual cached tokens", "–" if r["actual_cached_tokens"] is Non
 cols[2].metric("Input tokens", "–" if r["input_tokens"] is None else f"{r['input_tokens']:,}")
 
 with st.expander("Raw spans (each emitter's own clock)"):
-    spans = _ui.query("request_spans", request_id)
+    spans = _ui.query("request_spans", request_key)
     if _ui.empty(spans):
         st.info("No raw spans carry this request id or trace.")
     else:

@@ -106,11 +106,15 @@ event = st.dataframe(
 )
 rows = event.selection.rows if event is not None else []
 if rows:
-    chosen = str(table["request_id"][rows[0]])
-    st.session_state["request_id"] = chosen
-    st.switch_page("app_pages/request.py", query_params={"request_id": chosen})
+    chosen = table.row(rows[0], named=True)
+    st.session_state["request_id"] = str(chosen["request_id"])
+    st.session_state["request_key"] = str(chosen["request_key"])
+    st.switch_page("app_pages/request.py", query_params={
+        "request_id": str(chosen["request_id"]), "request_key": str(chosen["request_key"])})
 
-pick_id = st.selectbox("Or open a request", table["request_id"].to_list(), key="slow_pick")
-if pick_id:
-    st.page_link("app_pages/request.py", label=f"Drill down into {pick_id} →",
-                 query_params={"request_id": pick_id})
+picks = {r["request_key"]: r["request_id"] for r in table.iter_rows(named=True)}
+pick = st.selectbox("Or open a request", list(picks), format_func=lambda k: str(picks[k]),
+                    key="slow_pick")
+if pick:
+    st.page_link("app_pages/request.py", label=f"Drill down into {picks[pick]} →",
+                 query_params={"request_id": str(picks[pick]), "request_key": pick})

@@ -21,7 +21,7 @@ T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 MART_COLUMNS: dict[str, list[tuple[str, str]]] = {
     "requests": [
-        ("request_id", "varchar"), ("trace_id", "varchar"), ("run_id", "varchar"),
+        ("request_key", "varchar"), ("request_id", "varchar"), ("trace_id", "varchar"), ("run_id", "varchar"),
         ("model", "varchar"), ("endpoint", "varchar"), ("input_tokens", "bigint"),
         ("max_tokens", "bigint"), ("stream", "boolean"), ("client_start", "timestamptz"),
         ("ttft_ms", "double"), ("tpot_ms", "double"), ("e2e_ms", "double"),
@@ -36,7 +36,7 @@ MART_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("clock_suspect", "boolean"),
     ],
     "decisions": [
-        ("request_id", "varchar"), ("attempt", "bigint"), ("trace_id", "varchar"),
+        ("request_key", "varchar"), ("request_id", "varchar"), ("attempt", "bigint"), ("trace_id", "varchar"),
         ("span_id", "varchar"), ("router_id", "varchar"), ("policy", "varchar"),
         ("decided_at", "timestamptz"), ("decided_ns", "bigint"),
         ("chosen_replica", "varchar"), ("reason", "varchar"), ("outcome", "varchar"),
@@ -44,7 +44,7 @@ MART_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("forward_ms", "double"), ("recorded", "boolean"),
     ],
     "candidates": [
-        ("request_id", "varchar"), ("attempt", "bigint"), ("decision_span_id", "varchar"),
+        ("request_key", "varchar"), ("request_id", "varchar"), ("attempt", "bigint"), ("decision_span_id", "varchar"),
         ("replica", "varchar"), ("eligible", "boolean"), ("excluded_reason", "varchar"),
         ("chosen", "boolean"), ("waiting", "bigint"), ("running", "bigint"),
         ("kv_usage", "double"), ("remaining_tokens", "bigint"),
@@ -53,7 +53,7 @@ MART_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("est_queue_ms", "double"), ("est_prefill_ms", "double"), ("score", "double"),
     ],
     "executions": [
-        ("request_id", "varchar"), ("trace_id", "varchar"), ("span_id", "varchar"),
+        ("request_key", "varchar"), ("request_id", "varchar"), ("trace_id", "varchar"), ("span_id", "varchar"),
         ("replica", "varchar"), ("dp_rank", "bigint"), ("start_at", "timestamptz"),
         ("end_at", "timestamptz"), ("queue_ms", "double"), ("prefill_ms", "double"),
         ("decode_ms", "double"), ("ttft_ms", "double"), ("e2e_ms", "double"),
@@ -78,8 +78,14 @@ class Fleet:
 
     def __init__(self, run_id: str = "run1") -> None:
         self.run_id = run_id
+        self.key_prefix = ""  # a second Fleet with another prefix reuses the same request ids
+        self.extra_prefix_spans: list[tuple[str, str, str, list[str]]] = []
         self.rows: dict[str, list[dict[str, Any]]] = {name: [] for name in MART_COLUMNS}
         self.prefixes: list[tuple[str, list[str]]] = []
+
+    def key(self, request_id: str) -> str:
+        """The request's request_key (unique, unlike request ids)."""
+        return f"{self.key_prefix}k-{request_id}"
 
     def execution(self, request_id: str, replica: str, *, arrive: float, queue: float,
                   input_tokens: int, cached: int = 0, decode: float = 500.0,
@@ -87,7 +93,8 @@ class Fleet:
         prefill = float(input_tokens - cached)
         ttft = queue + prefill
         row = {
-            "request_id": request_id, "replica": replica, "span_id": f"x-{request_id}",
+            "request_key": self.key(request_id), "request_id": request_id,
+            "replica": replica, "span_id": f"x-{request_id}",
             "start_at": at(arrive), "end_at": at(arrive + ttft + decode),
             "queue_ms": queue, "prefill_ms": prefill, "decode_ms": decode, "ttft_ms": ttft,
             "e2e_ms": ttft + decode, "input_tokens": input_tokens,
@@ -104,7 +111,8 @@ class Fleet:
                 actual: int | None = None, run_id: str | None = None) -> None:
         e2e = None if ttft is None else ttft + (tpot or 0.0) * max(output_tokens - 1, 0)
         self.rows["requests"].append({
-            "request_id": request_id, "run_id": run_id or self.run_id, "status": status,
+            "request_key": self.key(request_id), "request_id": request_id,
+            "run_id": run_id or self.run_id, "status": status,
             "client_start": at(start), "ttft_ms": ttft,
             "tpot_ms": tpot if output_tokens >= 2 else None, "e2e_ms": e2e,
             "output_tokens": output_tokens, "input_tokens": input_tokens,
@@ -120,13 +128,15 @@ class Fleet:
                  policy: str = "cache_aware", reason: str = "cache_affinity") -> None:
         span = f"d-{request_id}"
         self.rows["decisions"].append({
-            "request_id": request_id, "attempt": 0, "span_id": span, "router_id": router,
+            "request_key": self.key(request_id), "request_id": request_id, "attempt": 0,
+            "trace_id": f"t-{self.key(request_id)}", "span_id": span, "router_id": router,
             "policy": policy, "decided_at": at(at_ms), "chosen_replica": chosen,
             "reason": reason, "outcome": "routed", "recorded": candidates is not None,
             "candidate_count": len(candidates or []),
         })
         for c in candidates or []:
-            row = {"request_id": request_id, "attempt": 0, "decision_span_id": span,
+            row = {"request_key": self.key(request_id), "request_id": request_id,
+                   "attempt": 0, "decision_span_id": span,
                    "eligible": True, "chosen": c["replica"] == chosen, **c}
             if "telemetry_age_ms" in row and "telemetry_ts" not in row:
                 row["telemetry_ts"] = at(at_ms - row["telemetry_age_ms"])
@@ -155,6 +165,11 @@ class Fleet:
             self.served(f"{prefix}{replica}{i}", replica, arrive=0.0, queue=i * tokens,
                         input_tokens=tokens)
 
+    def prefix_spans(self) -> list[tuple[str, str, str, list[str]]]:
+        """(trace_id, span_id, request_id, block hashes) of each decision span with prefixes."""
+        own = [(f"t-{self.key(rid)}", f"d-{rid}", rid, h) for rid, h in self.prefixes]
+        return own + self.extra_prefix_spans
+
     def store(self) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect()
         for raw in ("raw_spans", "raw_span_events", "raw_snapshots"):
@@ -168,13 +183,13 @@ class Fleet:
                     f"insert into {name} values ({', '.join('?' for _ in names)})",
                     [[r.get(c) for c in names] for r in rows],
                 )
-        for i, (request_id, hashes) in enumerate(self.prefixes):
+        for span in self.prefix_spans():
             con.execute(
                 "insert into raw_spans (trace_id, span_id, name, kind, start_ns, end_ns, "
                 "status_code, received_ns, event_count, a_request_id, a_attempt, "
                 "a_prefix_hashes) values (?, ?, 'routeaudit.decision', 'internal', 0, 0, "
                 "'unset', 0, 0, ?, 0, ?)",
-                [f"{i:032x}", f"{i:016x}", request_id, hashes],
+                list(span),
             )
         install_attribution(con)
         return con
@@ -343,6 +358,7 @@ def eviction_fleet(served_prefix_before: bool) -> Fleet:
     f = Fleet()
     f.served("b0", "B", arrive=-20_000.0, queue=0.0, input_tokens=800)
     f.served("p0", "A", arrive=-10_000.0, queue=0.0, input_tokens=900)
+    f.decision("p0", at_ms=-10_000.0, chosen="A")  # its span carries the prefix hashes below
     if served_prefix_before:
         f.prefixes.append(("p0", ["h1", "h2", "h3"]))
     else:
@@ -447,10 +463,62 @@ def test_slo_targets_follow_session_variables() -> None:
     assert rows(con, "select * from attributions where request_id = 'S'") == []
 
 
+def renamed(f: Fleet, run_id: str, key_prefix: str) -> Fleet:
+    """``f`` as another run of the same requests: the same request ids (as capture runs and
+    clients reuse them), other request keys, run and replicas (so neither run loads the other's
+    replicas)."""
+    g = Fleet(run_id)
+    g.key_prefix = key_prefix
+    for name, table in f.rows.items():
+        for row in table:
+            r = dict(row)
+            if "request_id" in r:
+                r["request_key"] = g.key(r["request_id"])
+            if "run_id" in r:
+                r["run_id"] = run_id
+            if "trace_id" in r and r["trace_id"] is not None:
+                r["trace_id"] = f"t-{r['request_key']}"
+            for col in ("replica", "chosen_replica", "served_by"):
+                if r.get(col) is not None:
+                    r[col] = f"{r[col]}-{run_id}"
+            g.rows[name].append(r)
+    g.prefixes = list(f.prefixes)
+    return g
+
+
+def merged(*fleets: Fleet) -> Fleet:
+    """One store holding every fleet's rows (the prefix spans keep each fleet's keys)."""
+    out = Fleet()
+    for f in fleets:
+        for name, table in f.rows.items():
+            out.rows[name].extend(table)
+    out.extra_prefix_spans = [span for f in fleets for span in f.prefix_spans()]
+    return out
+
+
+@pytest.mark.parametrize("build", [load_blind_fleet, lambda: eviction_fleet(True)],
+                         ids=["load_blind", "eviction"])
+def test_request_ids_repeated_across_runs_are_judged_apart(build: Any) -> None:
+    """Two runs of the same requests (same request ids, other keys) in one store: each run's
+    attributions are exactly those of the run alone. Joined on request_id, the two runs'
+    candidates and executions mixed (a request judged on the other run's replicas, herding and
+    in-flight work across runs, one row per id instead of two)."""
+    cols = "request_id, cause, sub_kind, excess_ms, is_primary, confidence"
+    alone = rows(build().store(), f"select {cols} from attributions order by all")
+    assert alone, "the scenario has something to attribute"
+    both = merged(build(), renamed(build(), "run2", "b-")).store()
+    for run in ("run1", "run2"):
+        got = rows(both, f"select {cols} from attributions where run_id = ? order by all", [run])
+        assert got == alone, run
+    keys = rows(both, "select count(distinct request_key) as n, count(*) as k from slow_requests")
+    assert keys[0]["n"] == keys[0]["k"] == 2 * len({r["request_id"] for r in alone})
+
+
 def test_calibration_counts_hits_and_false_hits() -> None:
     con = eviction_fleet(served_prefix_before=True).store()
     r = rows(con, "select * from calibration where scope = 'replica' and replica = 'A'")[0]
-    assert (r["decisions"], r["hits"], r["false_hits"], r["misses"]) == (1, 0, 1, 0)
+    # E (predicted 1500, had none) and p0 (no prediction: neither a hit nor a miss)
+    assert (r["decisions"], r["hits"], r["false_hits"], r["misses"]) == (2, 0, 1, 0)
     assert r["mean_abs_error_tokens"] == pytest.approx(1500.0)
     router = rows(con, "select * from calibration where scope = 'router'")[0]
     assert router["telemetry_age_p50_ms"] == pytest.approx(50.0)

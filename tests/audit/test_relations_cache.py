@@ -114,9 +114,11 @@ def test_a_scope_gives_the_same_live_rows(sample_store: Path) -> None:
 
     reader = audit.open(sample_store)
     for slo, request in (({"ttft_ms": 300.0, "tpot_ms": 100.0}, slow), (None, slow_at_default)):
-        got = queries.request_attributions(reader, request, slo)
-        live = reader.query("select * from attributions where request_id = ? "
-                            "order by is_primary desc, excess_ms desc nulls last", [request],
+        (key,) = reader.query("select request_key from requests where request_id = ?",
+                              [request])["request_key"]
+        got = queries.request_attributions(reader, key, slo)
+        live = reader.query("select * from attributions where request_key = ? "
+                            "order by is_primary desc, excess_ms desc nulls last", [key],
                             slo=audit.SLO(**slo) if slo else None)
         assert got.equals(live) and got.height > 0
 

@@ -149,10 +149,11 @@ def _h(k: int, s: int = 0) -> str:
 
 _MART_SQL = {
     "requests": f"""
-        with g as (select i from range(?) as t(i)),
+        with g as (select i from range($1) as t(i)),
         base as (
             select i,
-                'req-' || lpad(i::varchar, 6, '0') as request_id,
+                -- $2 = 2 repeats every id in the two runs (as capture runs and replays do)
+                'req-' || lpad((i // $2)::varchar, 6, '0') as request_id,
                 case when i % 2 = 0 then 'run-rr' else 'run-ca' end as run_id,
                 case when i % 2 = 0 then 'round_robin' else 'cache_aware' end as policy,
                 case when (i // 2) % 2 = 0 then 'router-a' else 'router-b' end as router_id,
@@ -168,7 +169,9 @@ _MART_SQL = {
                 case when i % 2 = 1 then ({_h(19)} % 4) * 256 else 0 end as predicted
             from g
         )
-        select request_id, lpad(printf('%x', i + 1), 32, '0') as trace_id, run_id,
+        select request_id, lpad(printf('%x', i + 1), 32, '0') || '-' || lpad('1', 16, '0')
+                as request_key,
+            lpad(printf('%x', i + 1), 32, '0') as trace_id, run_id,
             'model-x' as model, '/v1/completions' as endpoint, input_tokens,
             256::bigint as max_tokens, true as stream, client_start,
             case when status = 'ok' then ttft_ms end as ttft_ms,
@@ -195,7 +198,7 @@ _MART_SQL = {
             from requests as r
             cross join lateral (select unnest(range(r.attempts)) as attempt) as a
         )
-        select request_id, attempt::bigint as attempt, trace_id,
+        select request_key, request_id, attempt::bigint as attempt, trace_id,
             lpad(printf('%x', hash(request_id || attempt) % 1000000000), 16, '0') as span_id,
             router_id, policy,
             client_start + to_milliseconds(1 + attempt * 5) as decided_at,
@@ -213,7 +216,8 @@ _MART_SQL = {
     """,
     "candidates": """
         with reps as (select unnest(['replica-0', 'replica-1', 'replica-2']) as replica)
-        select d.request_id, d.attempt, d.span_id as decision_span_id, reps.replica,
+        select d.request_key, d.request_id, d.attempt, d.span_id as decision_span_id,
+            reps.replica,
             true as eligible, cast(null as varchar) as excluded_reason,
             reps.replica = d.chosen_replica as chosen,
             (hash(d.request_id || reps.replica) % 5)::bigint as waiting,
@@ -230,14 +234,14 @@ _MART_SQL = {
             (case when reps.replica = d.chosen_replica then 1.0 else 0.5 end)::double as score,
             d.router_id, d.decided_at
         from decisions as d
-        inner join requests as r using (request_id)
+        inner join requests as r using (request_key)
         cross join reps
         cross join lateral (select ((hash(d.request_id || reps.replica || 'age') % 400)
             + case when d.router_id = 'router-b' then 1000 else 0 end)::double as age_ms)
     """,
     "executions": """
-        select request_id, trace_id, lpad(printf('%x', hash(request_id) % 1000000), 16, 'e')
-                as span_id,
+        select request_key, request_id, trace_id,
+            lpad(printf('%x', hash(request_id) % 1000000), 16, 'e') as span_id,
             served_by as replica, 0::bigint as dp_rank,
             client_start + to_milliseconds(3) as start_at,
             client_start + to_milliseconds(3 + coalesce(e2e_ms, 50)) as end_at,
@@ -270,7 +274,7 @@ _MART_SQL = {
             where status = 'ok' and (ttft_ms > 2000 or coalesce(tpot_ms > 100, false))
         ),
         primary_rows as (
-            select request_id, run_id,
+            select request_key, request_id, run_id,
                 case hash(request_id) % 3 when 0 then 'stale_telemetry'
                     when 1 then 'cache_miss' else 'herding' end as cause,
                 'synthetic' as sub_kind,
@@ -282,7 +286,7 @@ _MART_SQL = {
             from slow
         ),
         secondary as (
-            select request_id, run_id, 'queueing' as cause, 'synthetic' as sub_kind,
+            select request_key, request_id, run_id, 'queueing' as cause, 'synthetic' as sub_kind,
                 5.0::double as excess_ms, false as is_primary, 0.3::double as confidence,
                 'minor queueing' as evidence, 'executions' as evidence_source
             from slow
@@ -302,8 +306,10 @@ _MART_SQL = {
 }
 
 
-def mart_store(path: Path, n: int = 400, *, attribution: bool = True) -> Path:
-    """A store whose marts are synthetic tables of ``n`` requests (see module docstring).
+def mart_store(path: Path, n: int = 400, *, attribution: bool = True,
+               repeat_ids: bool = False) -> Path:
+    """A store whose marts are synthetic tables of ``n`` requests (see module docstring);
+    ``repeat_ids``: each request id names two requests, one in each run.
 
     Built without ``Store`` (which would install every relation as a view first, slow while the
     relations grow): raw tables from their DDL, the marts as tables, the version stamp.
@@ -319,7 +325,7 @@ def mart_store(path: Path, n: int = 400, *, attribution: bool = True) -> Path:
         if attribution:
             order += ["attributions", "herding_episodes"]
         for name in order:
-            params = [n] if name == "requests" else None
+            params = [n, 2 if repeat_ids else 1] if name == "requests" else None
             con.execute(f"create table {name} as {_MART_SQL[name]}", params)
         con.execute(
             "insert into routeaudit_meta values ('relations_version', ?)",

@@ -241,6 +241,32 @@ def test_request_drilldown(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> No
     assert len(at.get("vega_lite_chart")) == 1  # the waterfall
 
 
+def test_request_drilldown_of_a_repeated_request_id(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    """Two requests (one per run) share each id: the page says so, lets the user pick, and
+    shows only the picked request, also when the slow page's link names its key."""
+    db = mart_store(tmp_path / "repeated.duckdb", n=200, repeat_ids=True)
+    both = sql(db, "select list(request_key order by client_start desc) from requests "
+                   "where request_id = 'req-000004'")
+    assert len(both) == 2
+    at = open_page(monkeypatch, db, "request", {"request_id": "req-000004"})
+    assert "2 requests carry the id `req-000004`" in texts(at)
+    for key in both:
+        at.selectbox(key="drill_request_key").set_value(key).run()
+        assert_clean(at)
+        ttft, run = sql(db, "select [ttft_ms::varchar, run_id] from requests "
+                            "where request_key = ?", [key])
+        assert metric(at, "TTFT") == _ui.fmt_ms(float(ttft))
+        assert f"run `{run}`" in texts(at)
+        frames = [df.value for df in at.dataframe]
+        cand = next(f for f in frames if "true_in_flight" in f.columns)
+        assert len(cand) == sql(db, "select count(*) from candidates where request_key = ?", [key])
+    # the slow page links with the key: the page opens on that request
+    at = open_page(monkeypatch, db, "request", {"request_id": "req-000004",
+                                                 "request_key": both[1]})
+    assert at.selectbox(key="drill_request_key").value == both[1]
+
+
 def test_cache_numbers(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
     at = open_page(monkeypatch, mart_db, "cache")
     both = "predicted_cached_tokens is not null and actual_cached_tokens is not null"

@@ -3,7 +3,8 @@
 -- with the largest excess_ms. excess_ms is the latency the cause cost: TTFT ms for TTFT causes,
 -- decode ms ((TPOT - reference) * (output tokens - 1)) for TPOT causes. Every request that
 -- needs explaining has at least one row: 'unknown' when the trace is complete and no rule
--- fires, 'incomplete_trace' when a side is missing. Rules and thresholds: docs/attribution.md.
+-- fires, 'incomplete_trace' when a side is missing. Requests are keyed by request_key (request
+-- ids may repeat); request_id is shown. Rules and thresholds: docs/attribution.md.
 with
 
 assessed as (
@@ -23,7 +24,8 @@ final_rows as (
 
 request_level_base as (
     select
-        request_id,
+        request_key,
+        any_value(request_id) as request_id,
         any_value(run_id) as run_id,
         any_value(status) as status,
         any_value(missed) as missed,
@@ -102,7 +104,7 @@ chosen as (
     select *
     from final_rows
     where chosen
-    qualify row_number() over (partition by request_id order by replica) = 1
+    qualify row_number() over (partition by request_key order by replica) = 1
 ),
 
 best_alternative as (
@@ -114,7 +116,7 @@ best_alternative as (
         and replica_observed
         and ttft_est_ms is not null
     qualify row_number() over (
-        partition by request_id order by ttft_est_ms, replica
+        partition by request_key order by ttft_est_ms, replica
     ) = 1
 ),
 
@@ -185,9 +187,9 @@ subjects as (
             as actual_cached
     from request_level as r
     left join chosen as c
-        on r.request_id = c.request_id
+        on r.request_key = c.request_key
     left join best_alternative as a
-        on r.request_id = a.request_id
+        on r.request_key = a.request_key
     left join client_gaps as g
         on r.run_id is not distinct from g.run_id
 ),
@@ -286,7 +288,7 @@ judged as (
 
 cause_misrouting as (
     select
-        request_id,
+        request_key,
         case when view_was_stale then 'stale_telemetry' else 'misrouting' end
             as cause,
         case
@@ -359,7 +361,7 @@ cause_misrouting as (
 
 cause_eviction as (
     select
-        request_id,
+        request_key,
         'eviction' as cause,
         case
             when has_prefix_hashes and prefix_last_served_at is not null
@@ -423,7 +425,7 @@ cause_overload as (
     -- even the best placement would have waited: the smallest estimated wait over every
     -- eligible candidate (the chosen one included) is what the load cost
     select
-        request_id,
+        request_key,
         'overload' as cause,
         cast(null as varchar) as sub_kind,
         min_wait_ms as excess_ms,
@@ -449,7 +451,7 @@ cause_long_prompt as (
     -- existed) above the TTFT SLO: what no placement could have saved; only when that ideal
     -- itself misses the SLO
     select
-        request_id,
+        request_key,
         'long_prompt' as cause,
         cast(null as varchar) as sub_kind,
         ideal_prefill_ms - ttft_slo_ms as excess_ms,
@@ -470,7 +472,7 @@ cause_long_prompt as (
 
 cause_slow_replica as (
     select
-        request_id,
+        request_key,
         'slow_replica' as cause,
         'prefill' as sub_kind,
         -- everything on a replica running at speed s (fleet ms/token / its ms/token) takes
@@ -495,7 +497,7 @@ cause_slow_replica as (
         >= t.slow_replica_ratio * fleet_prefill_ms_per_token
     union all
     select
-        request_id,
+        request_key,
         'slow_replica' as cause,
         'decode' as sub_kind,
         (tpot_ms - fleet_decode_ms_per_token) * (output_tokens - 1) as excess_ms,
@@ -519,7 +521,7 @@ cause_slow_replica as (
 
 cause_client_network as (
     select
-        request_id,
+        request_key,
         'client_network' as cause,
         cast(null as varchar) as sub_kind,
         client_gap_ms - greatest(coalesce(run_gap_p50_ms, 0.0), 0.0) as excess_ms,
@@ -559,7 +561,7 @@ causes_kept as (
     from causes_found as f
     cross join thresholds as t
     inner join request_level as r
-        on f.request_id = r.request_id
+        on f.request_key = r.request_key
     where
         f.excess_ms >= greatest(t.cause_min_ms, t.cause_min_frac * coalesce(r.ttft_ms, 0.0))
         and not isnan(f.excess_ms)
@@ -567,7 +569,7 @@ causes_kept as (
 
 explained as (
     select
-        request_id,
+        request_key,
         count(*) as causes,
         max(excess_ms) as max_excess_ms
     from causes_kept
@@ -576,7 +578,7 @@ explained as (
 
 cause_missing_evidence as (
     select
-        j.request_id,
+        j.request_key,
         case
             when j.exec_span_id is null and j.replica_ttft_ms is null
                 then 'incomplete_trace'
@@ -607,12 +609,12 @@ cause_missing_evidence as (
         end as evidence
     from judged as j
     left join explained as e
-        on j.request_id = e.request_id
+        on j.request_key = e.request_key
     where
         -- a missing side is always said; 'unknown' only when nothing else was found
         (j.exec_span_id is null and j.replica_ttft_ms is null)
         or not j.has_decision
-        or e.request_id is null
+        or e.request_key is null
 ),
 
 all_causes as (
@@ -629,7 +631,7 @@ final as (
         c.sub_kind,
         round(greatest(c.excess_ms, 0.0), 1) as excess_ms,
         row_number() over (
-            partition by s.request_id
+            partition by s.request_key
             order by
                 c.excess_ms desc,
                 c.cause not in ('unknown', 'incomplete_trace') desc,
@@ -652,10 +654,12 @@ final as (
         coalesce(s.chosen_replica, s.served_by) as replica,
         s.router_id,
         s.policy,
-        s.client_start
+        s.client_start,
+        -- the request's unique key (request ids repeat across runs): see requests
+        s.request_key
     from all_causes as c
     inner join subjects as s
-        on c.request_id = s.request_id
+        on c.request_key = s.request_key
 )
 
 select * from final

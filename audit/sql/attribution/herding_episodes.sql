@@ -30,11 +30,13 @@ episodes as (
         max(c.seen_pending) as max_pending_seen,
         max(c.episode_unreflected) as unreflected_assignments,
         any_value(c.seen_waiting) as seen_waiting,
-        arg_max(c.true_waiting, c.decided_at) as true_waiting_last,
+        -- episode_rank orders by decision instant with ties broken by request, so a rebuild
+        -- names the same last decision and lists the requests in the same order
+        arg_max(c.true_waiting, c.episode_rank) as true_waiting_last,
         count(*) filter (where c.is_slow) as slow_requests,
         count(*) filter (where c.in_herding_episode and c.is_slow)
             as slow_unreflected,
-        string_agg(c.request_id, ',' order by c.decided_at) as request_ids
+        string_agg(c.request_id, ',' order by c.episode_rank) as request_ids
     from chosen_rows as c
     cross join thresholds as t
     group by c.run_id, c.replica, c.chosen_telemetry_ts, t.herding_min_decisions

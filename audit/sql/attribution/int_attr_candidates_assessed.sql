@@ -19,14 +19,17 @@ state as not materialized (
     where
         (
             getvariable('routeaudit_scope_run') is null
-            or request_id in (
-                select request_id from requests
+            or request_key in (
+                select request_key from requests
                 where run_id = getvariable('routeaudit_scope_run')
             )
         )
         and (
             getvariable('routeaudit_scope_request') is null
-            or request_id = getvariable('routeaudit_scope_request')
+            or request_key in (
+                select request_key from requests
+                where request_id = getvariable('routeaudit_scope_request')
+            )
         )
 ),
 
@@ -126,7 +129,7 @@ scrapes as (
 ),
 decisions as (
     select distinct
-        request_id,
+        request_key,
         attempt,
         decision_span_id,
         decided_at,
@@ -139,7 +142,7 @@ decisions as (
 kv_pressure as (
     -- KV usage of the chosen replica between lookback before the decision and the prefill
     select
-        d.request_id,
+        d.request_key,
         d.attempt,
         d.decision_span_id,
         max(s.kv_usage) as max_kv_usage_scraped
@@ -156,7 +159,7 @@ kv_pressure as (
 estimated as (
     select
         j.*,
-        s.* exclude (request_id),
+        s.* exclude (request_key),
         coalesce(
             s.episode_decisions >= t.herding_min_decisions
             and s.episode_unreflected > 0
@@ -183,9 +186,9 @@ estimated as (
     from judged as j
     cross join thresholds as t
     left join state as s
-        on j.request_id = s.request_id
+        on j.request_key = s.request_key
     left join kv_pressure as k
-        on s.request_id = k.request_id
+        on s.request_key = k.request_key
         and s.attempt is not distinct from k.attempt
         and s.decision_span_id is not distinct from k.decision_span_id
     left join calibration_replicas as c

@@ -1,5 +1,5 @@
 -- int_attr_candidates_in_flight: the TRUE state of each candidate replica at its decision instant
--- (grain: request_id, attempt, decision_span_id, replica), rebuilt from the executions in flight
+-- (grain: request_key, attempt, decision_span_id, replica), rebuilt from the executions in flight
 -- there: waiting and running counts, remaining tokens, queued prefill tokens and the time until
 -- the last of them has its first token (drain). Candidates with nothing in flight have no row.
 -- Its own relation, with no shared CTE: DuckDB (2.0) plans a range join as an IEJoin, linear in
@@ -19,18 +19,18 @@ timed_ordered as (
     from int_attr_executions_timed as e
     left join (
         select
-            d.request_id,
+            d.request_key,
             any_value(d.router_id) as router_id,
             any_value(c.pending_total) as pending_total
         from int_attr_decisions_resolved as d
         inner join int_attr_candidates_resolved as c
-            on d.request_id = c.request_id
+            on d.request_key = c.request_key
             and d.attempt is not distinct from c.attempt
             and d.decision_span_id is not distinct from c.decision_span_id
         where d.is_final and c.evidence_source = 'recorded'
-        group by d.request_id, d.attempt, d.decision_span_id
+        group by d.request_key, d.attempt, d.decision_span_id
     ) as o
-        on e.request_id = o.request_id
+        on e.request_key = o.request_key
 ),
 
 candidate_instants as (
@@ -39,7 +39,7 @@ candidate_instants as (
     -- rather than a hash join on replica comparing every pair; present_work re-checks the
     -- replica, so a hash collision cannot mix replicas
     select
-        c.request_id,
+        c.request_key,
         c.attempt,
         c.decision_span_id,
         c.replica,
@@ -51,7 +51,7 @@ candidate_instants as (
         (cast(hash(c.replica) >> 2 as hugeint) << 64) + epoch_us(d.decided_at) as decided_key
     from int_attr_candidates_resolved as c
     inner join int_attr_decisions_resolved as d
-        on c.request_id = d.request_id
+        on c.request_key = d.request_key
         and c.attempt is not distinct from d.attempt
         and c.decision_span_id is not distinct from d.decision_span_id
 ),
@@ -63,7 +63,7 @@ present_work as (
     -- different pending totals, the smaller came first; else, on the replica that ran this
     -- request, it came first when its prefill started first (FCFS); else it counts
     select
-        c.request_id,
+        c.request_key,
         c.attempt,
         c.decision_span_id,
         c.replica,
@@ -93,7 +93,7 @@ present_work as (
     inner join timed_ordered as e
         on e.start_key <= c.decided_key
         and e.end_key > c.decided_key
-        and e.request_id is distinct from c.request_id
+        and e.request_key is distinct from c.request_key
         and (
             e.start_at < c.decided_at
             or case
@@ -109,7 +109,7 @@ present_work as (
 
 final as (
     select
-        request_id,
+        request_key,
         attempt,
         decision_span_id,
         replica,

@@ -1,4 +1,4 @@
--- int_attr_candidates_resolved: one row per candidate replica per decision (grain: request_id,
+-- int_attr_candidates_resolved: one row per candidate replica per decision (grain: request_key,
 -- attempt, decision_span_id, replica): what the router recorded about the candidate or, for a
 -- decision recorded without candidates, every replica of its run as the last /metrics scrape
 -- before the decision showed it (evidence_source says which). pending_total: the sum of the
@@ -24,7 +24,7 @@ timed as (
 
 candidates_recorded as (
     select
-        d.request_id,
+        d.request_key,
         d.attempt,
         d.decision_span_id,
         c.replica,
@@ -48,7 +48,7 @@ candidates_recorded as (
         'recorded' as evidence_source
     from decisions_resolved as d
     inner join all_candidates as c
-        on d.request_id = c.request_id
+        on d.request_key = c.request_key
         and d.attempt is not distinct from c.attempt
         and (
             c.decision_span_id is null
@@ -61,7 +61,7 @@ decisions_unrecorded as (
     select d.*
     from decisions_resolved as d
     anti join candidates_recorded as c
-        on d.request_id = c.request_id
+        on d.request_key = c.request_key
         and d.attempt is not distinct from c.attempt
 ),
 
@@ -88,7 +88,7 @@ scrapes as (
 
 reconstructed_pairs as (
     select
-        d.request_id,
+        d.request_key,
         d.attempt,
         d.decision_span_id,
         d.decided_at,
@@ -99,7 +99,7 @@ reconstructed_pairs as (
         on d.run_id is not distinct from x.run_id
     union
     select
-        d.request_id,
+        d.request_key,
         d.attempt,
         d.decision_span_id,
         d.decided_at,
@@ -111,7 +111,7 @@ reconstructed_pairs as (
 
 candidates_reconstructed as (
     select
-        p.request_id,
+        p.request_key,
         p.attempt,
         p.decision_span_id,
         p.replica,
@@ -147,7 +147,7 @@ final as (
     select
         *,
         sum(seen_pending) filter (where evidence_source = 'recorded') over (
-            partition by request_id, attempt, decision_span_id
+            partition by request_key, attempt, decision_span_id
         ) as pending_total
     from candidates_resolved
 )

@@ -9,11 +9,14 @@
 with
 
 all_requests as (
-    select distinct
-        request_id,
-        run_id,
+    select
+        request_key,
         input_tokens
     from requests
+),
+
+all_decisions as (
+    select * from decisions
 ),
 
 timed as (
@@ -25,15 +28,18 @@ all_snapshots as (
 ),
 
 decision_prefixes as (
+    -- the prefix block hashes a decision span carries, keyed by its request and span
     select
-        a_request_id as request_id,
-        coalesce(a_attempt, 0) as attempt,
-        any_value(a_prefix_hashes) as prefix_hashes
-    from raw_spans
+        d.request_key,
+        d.span_id as decision_span_id,
+        any_value(s.a_prefix_hashes) as prefix_hashes
+    from raw_spans as s
+    inner join all_decisions as d
+        on s.trace_id = d.trace_id
+        and s.span_id = d.span_id
     where
-        name = 'routeaudit.decision'
-        and a_request_id is not null
-        and len(a_prefix_hashes) > 0
+        s.name = 'routeaudit.decision'
+        and len(s.a_prefix_hashes) > 0
     group by all
 ),
 
@@ -78,25 +84,24 @@ candidates_with_state as (
         greatest(coalesce(s.drain_ms, 0.0) - d.forward_delay_ms, 0.0) as wait_est_ms
     from candidates_resolved as c
     inner join decisions_resolved as d
-        on c.request_id = d.request_id
+        on c.request_key = d.request_key
         and c.attempt is not distinct from d.attempt
         and c.decision_span_id is not distinct from d.decision_span_id
     left join true_state_aggregated as s
-        on c.request_id = s.request_id
+        on c.request_key = s.request_key
         and c.attempt is not distinct from s.attempt
         and c.decision_span_id is not distinct from s.decision_span_id
         and c.replica = s.replica
     left join observed_replicas as o
         on c.replica = o.replica
-    left join (
-        select request_id, max(input_tokens) as input_tokens from all_requests group by all
-    ) as r
-        on c.request_id = r.request_id
+    left join all_requests as r
+        on c.request_key = r.request_key
 ),
 
 chosen_telemetry as (
     select
-        c.request_id,
+        c.request_key,
+        d.request_id,
         c.attempt,
         c.decision_span_id,
         d.run_id,
@@ -107,7 +112,7 @@ chosen_telemetry as (
         coalesce(c.seen_pending, 0) as seen_pending
     from candidates_resolved as c
     inner join decisions_resolved as d
-        on c.request_id = d.request_id
+        on c.request_key = d.request_key
         and c.attempt is not distinct from d.attempt
         and c.decision_span_id is not distinct from d.decision_span_id
     where c.chosen and c.telemetry_ts is not null
@@ -124,7 +129,7 @@ herding_ranked as (
     from chosen_telemetry
     window episode as (
         partition by run_id, chosen_replica, telemetry_ts
-        order by decided_at, request_id, attempt
+        order by decided_at, request_id, request_key, attempt
     )
 ),
 
@@ -142,14 +147,14 @@ herding_members as (
 preemptions_nearby as (
     -- other requests on the chosen replica preempted while this one waited
     select
-        d.request_id,
+        d.request_key,
         d.attempt,
         d.decision_span_id,
         sum(e.preemptions) as preemptions_nearby
     from decisions_resolved as d
     inner join timed as e
         on d.chosen_replica = e.replica
-        and e.request_id <> d.request_id
+        and e.request_key <> d.request_key
         and e.start_at <= coalesce(d.exec_prefill_start_at, d.decided_at)
         and e.end_at_eff >= d.decided_at
         and e.preemptions > 0
@@ -162,21 +167,21 @@ cache_shortfalls as (
     -- placement's cache and the eviction cause both start from such a shortfall. Restricting
     -- the block lookup to them keeps it a fraction of all prefix blocks.
     select
-        c.request_id,
+        c.request_key,
         c.attempt,
         c.decision_span_id
     from candidates_resolved as c
     inner join decisions_resolved as d
-        on c.request_id = d.request_id
+        on c.request_key = d.request_key
         and c.attempt is not distinct from d.attempt
         and c.decision_span_id is not distinct from d.decision_span_id
-    group by c.request_id, c.attempt, c.decision_span_id
+    group by c.request_key, c.attempt, c.decision_span_id
     having max(c.predicted_cached_tokens) > coalesce(any_value(d.exec_cached_tokens), 0)
 ),
 
 decision_blocks as (
     select
-        d.request_id,
+        d.request_key,
         d.attempt,
         d.decision_span_id,
         d.chosen_replica,
@@ -185,12 +190,12 @@ decision_blocks as (
         unnest(p.prefix_hashes) as block_hash
     from decisions_resolved as d
     semi join cache_shortfalls as f
-        on d.request_id = f.request_id
+        on d.request_key = f.request_key
         and d.attempt is not distinct from f.attempt
         and d.decision_span_id is not distinct from f.decision_span_id
     inner join decision_prefixes as p
-        on d.request_id = p.request_id
-        and coalesce(d.attempt, 0) = p.attempt
+        on d.request_key = p.request_key
+        and d.decision_span_id = p.decision_span_id
     where d.chosen_replica is not null
 ),
 
@@ -203,7 +208,7 @@ served_blocks as (
         e.first_token_at as served_at
     from timed as e
     inner join decision_prefixes as q
-        on e.request_id = q.request_id
+        on e.request_key = q.request_key
     where e.first_token_at is not null
 ),
 
@@ -248,7 +253,7 @@ prefix_served as (
     -- the blocks found form a prefix and their count is the longest shared prefix. Looking back
     -- at most 300 s; the lookback threshold is applied on top in int_attr_candidates_assessed.
     select
-        request_id,
+        request_key,
         attempt,
         decision_span_id,
         max(served_at) as prefix_last_served_at,
@@ -268,41 +273,41 @@ decisions_evidenced as (
         h.unreflected_assignments,
         h.episode_unreflected,
         coalesce(n.preemptions_nearby, 0) as preemptions_nearby,
-        p.request_id is not null as has_prefix_hashes,
+        p.request_key is not null as has_prefix_hashes,
         s.prefix_last_served_at,
         s.prefix_shared_blocks,
         s.prefix_shared_frac
     from decisions_resolved as d
     left join herding_members as h
-        on d.request_id = h.request_id
+        on d.request_key = h.request_key
         and d.attempt is not distinct from h.attempt
         and d.decision_span_id is not distinct from h.decision_span_id
     left join preemptions_nearby as n
-        on d.request_id = n.request_id
+        on d.request_key = n.request_key
         and d.attempt is not distinct from n.attempt
         and d.decision_span_id is not distinct from n.decision_span_id
     left join decision_prefixes as p
-        on d.request_id = p.request_id
-        and coalesce(d.attempt, 0) = p.attempt
+        on d.request_key = p.request_key
+        and d.decision_span_id = p.decision_span_id
     left join prefix_served as s
-        on d.request_id = s.request_id
+        on d.request_key = s.request_key
         and d.attempt is not distinct from s.attempt
         and d.decision_span_id is not distinct from s.decision_span_id
 ),
 
 final as (
     select
-        r.request_id,
-        d.* exclude (request_id, run_id, router_id, policy, chosen_replica),
+        r.request_key,
+        d.* exclude (request_key, request_id, run_id, router_id, policy, chosen_replica),
         d.router_id as decision_router_id,
         d.policy as decision_policy,
         d.chosen_replica as decision_replica,
-        c.* exclude (request_id, attempt, decision_span_id)
-    from (select distinct request_id from all_requests) as r
+        c.* exclude (request_key, attempt, decision_span_id)
+    from all_requests as r
     left join decisions_evidenced as d
-        on r.request_id = d.request_id
+        on r.request_key = d.request_key
     left join candidates_with_state as c
-        on d.request_id = c.request_id
+        on d.request_key = c.request_key
         and d.attempt is not distinct from c.attempt
         and d.decision_span_id is not distinct from c.decision_span_id
 )

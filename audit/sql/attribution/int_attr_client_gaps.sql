@@ -11,7 +11,7 @@ all_requests as (
 measured as (
     -- as int_attr_requests_judged measures them: no status is ok, no TTFT means the latency
     select distinct
-        request_id,
+        request_key,
         run_id,
         coalesce(ttft_ms, e2e_ms) as ttft_ms,
         replica_ttft_ms

@@ -1,4 +1,4 @@
--- int_attr_decisions_resolved: one row per routing decision (grain: request_id, attempt,
+-- int_attr_decisions_resolved: one row per routing decision (grain: request_key, attempt,
 -- decision span) with its run, whether it is the request's final attempt, and the execution it
 -- led to: the request's first execution on the chosen replica that started after the decision
 -- (1 s of clock tolerance), else its first at all. A table, read many times by
@@ -8,9 +8,8 @@ with
 
 all_requests as (
     select distinct
-        request_id,
-        run_id,
-        input_tokens
+        request_key,
+        run_id
     from requests
 ),
 
@@ -26,19 +25,19 @@ decisions_ranked as (
     select
         d.*,
         j.run_id,
-        d.attempt = max(d.attempt) over (partition by d.request_id) as is_final
+        d.attempt = max(d.attempt) over (partition by d.request_key) as is_final
     from all_decisions as d
     left join (
-        select request_id, any_value(run_id) as run_id from all_requests group by all
+        select request_key, any_value(run_id) as run_id from all_requests group by all
     ) as j
-        on d.request_id = j.request_id
+        on d.request_key = j.request_key
 ),
 
 decisions_matched_executions as (
     -- the execution a decision led to: the request's first execution on the chosen replica
     -- that started after the decision (1 s of clock tolerance), else its first at all
     select
-        d.request_id,
+        d.request_key,
         d.attempt,
         d.span_id,
         e.span_id as exec_span_id,
@@ -54,18 +53,19 @@ decisions_matched_executions as (
         e.uncached_tokens as exec_uncached_tokens,
         e.preemptions as exec_preemptions,
         row_number() over (
-            partition by d.request_id, d.attempt, d.span_id
+            partition by d.request_key, d.attempt, d.span_id
             order by
                 (e.replica = d.chosen_replica) desc nulls last, e.start_at asc
         ) as preference
     from decisions_ranked as d
     inner join timed as e
-        on d.request_id = e.request_id
+        on d.request_key = e.request_key
         and e.start_at >= d.decided_at - interval 1 second
 ),
 
 final as (
     select
+        d.request_key,
         d.request_id,
         d.attempt,
         d.span_id as decision_span_id,
@@ -78,7 +78,7 @@ final as (
         d.recorded,
         d.run_id,
         d.is_final,
-        m.* exclude (request_id, attempt, span_id, preference),
+        m.* exclude (request_key, attempt, span_id, preference),
         greatest(
             coalesce(
                 date_diff('microsecond', d.decided_at, m.exec_start_at) / 1000.0,
@@ -88,7 +88,7 @@ final as (
         ) as forward_delay_ms
     from decisions_ranked as d
     left join decisions_matched_executions as m
-        on d.request_id = m.request_id
+        on d.request_key = m.request_key
         and d.attempt is not distinct from m.attempt
         and d.span_id is not distinct from m.span_id
         and m.preference = 1

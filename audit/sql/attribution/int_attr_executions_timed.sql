@@ -1,7 +1,9 @@
 -- int_attr_executions_timed: one row per execution (executions mart) with its phase boundaries
 -- on the reference clock: arrival (start_at), prefill start (start_at + queue), first token
 -- (start_at + TTFT) and end. Durations are the engine's own; only start_at/end_at are
--- cross-host corrected. Also the uncached prompt tokens and the request's run.
+-- cross-host corrected. Also the uncached prompt tokens and the request's run. Requests are
+-- keyed by request_key throughout the attribution layer: request ids repeat (across runs, or a
+-- client reusing them) and must not merge two requests.
 with
 
 all_executions as (
@@ -10,10 +12,10 @@ all_executions as (
 
 request_runs as (
     select
-        request_id,
+        request_key,
         any_value(run_id) as run_id
     from requests
-    group by request_id
+    group by request_key
 ),
 
 durations as (
@@ -55,7 +57,7 @@ final as (
         r.run_id
     from timed as t
     left join request_runs as r
-        on t.request_id = r.request_id
+        on t.request_key = r.request_key
 )
 
 select * from final

@@ -14,7 +14,7 @@ primary_causes as (
 
 cause_counts as (
     select
-        request_id,
+        request_key,
         count(*) as causes,
         string_agg(cause, ', ' order by excess_ms desc) as all_causes
     from attributed
@@ -41,10 +41,11 @@ final as (
         p.router_id,
         p.policy,
         c.causes,
-        c.all_causes
+        c.all_causes,
+        p.request_key
     from primary_causes as p
     inner join cause_counts as c
-        on p.request_id = c.request_id
+        on p.request_key = c.request_key
 )
 
 select * from final
