@@ -87,7 +87,7 @@ def _strip_comments(sql: str) -> str:
 def relations_version() -> str:
     """A hash of every relation's text: tells whether a store's views match this code."""
     h = hashlib.sha256()
-    h.update(b"cached-at-defaults-1")  # how refresh() materialises (bump when that changes)
+    h.update(b"cached-at-defaults-2")  # how refresh() materialises (bump when that changes)
     for r in load_relations():
         h.update(r.name.encode())
         h.update(r.sql.encode())
@@ -125,16 +125,39 @@ LIVE_SUFFIX: Final = "__live"
 _DEFAULTED_VARIABLE = re.compile(r"coalesce\(\s*getvariable\('(\w+)'\)\s*,\s*([-0-9.]+)\s*\)")
 
 
+CACHED_INTERNAL: Final = ("int_attr_requests_placed",)
+"""Internal parametrised relations also materialised at the defaults: each reads the thresholds
+but not the SLO, so its table serves every reader who changes only the SLO (the dashboard's
+sidebar), and the public relations computed live for that reader read it instead of
+re-assessing every candidate."""
+
+
 def cached(relations: list[Relation] | None = None) -> list[str]:
-    """Public parametrised relations that :func:`refresh` also materialises at the default
-    settings (``<name>__cached``) in a large store: ``<name>`` reads that table while every
-    session variable is unset or at its default, and computes live (``<name>__live``)
-    otherwise."""
+    """Parametrised relations that :func:`refresh` also materialises at the default settings
+    (``<name>__cached``) in a large store: the public ones, and :data:`CACHED_INTERNAL`.
+    ``<name>`` reads that table while every session variable *it* reads (directly or through
+    other relations, :func:`variables_read`) is unset or at its default, and computes live
+    (``<name>__live``) otherwise."""
     rels = load_relations() if relations is None else relations
     views = parametrised(rels)
     return [r.name for r in rels
-            if r.name in views and r.layer == "attribution" and not r.name.startswith("int_")
-            and r.name != "slo_targets"]
+            if r.name in views and r.layer == "attribution" and r.name != "slo_targets"
+            and (not r.name.startswith("int_") or r.name in CACHED_INTERNAL)]
+
+
+def variables_read(relations: list[Relation] | None = None) -> dict[str, set[str]]:
+    """For each relation, the defaulted session variables it reads, directly or through the
+    relations it reads: what its result can depend on."""
+    rels = load_relations() if relations is None else relations
+    found: dict[str, set[str]] = {}
+    for rel in rels:  # dependency order: a relation's inputs were resolved before it
+        body = _strip_comments(rel.sql)
+        own = {name for name, _ in _DEFAULTED_VARIABLE.findall(body)}
+        for other, names in found.items():
+            if names and re.search(rf"\b{re.escape(other)}\b", body):
+                own |= names
+        found[rel.name] = own
+    return found
 
 
 def variable_defaults(relations: list[Relation] | None = None) -> dict[str, str]:
@@ -172,9 +195,13 @@ def refresh(con: duckdb.DuckDBPyConnection,
     if cache_defaults is None:
         cache_defaults = con.sql("select count(*) from raw_spans").fetchall()[0][0] >= CACHE_MIN_SPANS
     to_cache = set(cached(rels)) if cache_defaults else set()
-    at_defaults = " and ".join(
-        f"coalesce(getvariable('{name}'), {default}) = {default}"
-        for name, default in sorted(variable_defaults(rels).items())) or "true"
+    defaults = variable_defaults(rels)
+    reads = variables_read(rels)
+
+    def at_defaults(name: str) -> str:
+        return " and ".join(
+            f"coalesce(getvariable('{var}'), {defaults[var]}) = {defaults[var]}"
+            for var in sorted(reads[name])) or "true"
     con.execute("begin transaction")
     try:
         for rel in rels:
@@ -188,10 +215,11 @@ def refresh(con: duckdb.DuckDBPyConnection,
                     live, table = rel.name + LIVE_SUFFIX, rel.name + CACHE_SUFFIX
                     con.execute(f"create view {live} as\n{body}")
                     con.execute(f"create table {table} as select * from {live}")
+                    cond = at_defaults(rel.name)
                     con.execute(
                         f"create view {rel.name} as\n"
-                        f"select * from {table} where {at_defaults}\n"
-                        f"union all\nselect * from {live} where not ({at_defaults})")
+                        f"select * from {table} where {cond}\n"
+                        f"union all\nselect * from {live} where not ({cond})")
                 else:
                     con.execute(f"create {kind} {rel.name} as\n{body}")
             except duckdb.Error as exc:

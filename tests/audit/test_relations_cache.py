@@ -6,6 +6,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
+import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
@@ -31,7 +32,8 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
 def test_cached_relations_equal_their_live_computation(sample_store: Path) -> None:
     con = duckdb.connect(str(sample_store), read_only=True)
     assert set(_relations.cached()) == {"attributions", "slow_requests", "slo_summary",
-                                        "calibration", "herding_episodes"}
+                                        "calibration", "herding_episodes",
+                                        "int_attr_requests_placed"}
     for name in _relations.cached():
         assert _rows(con, f"select * from {name}") == _rows(con, f"select * from {name}__live"), name
     assert con.sql("select count(*) from attributions").fetchall()[0][0] > 0
@@ -50,7 +52,53 @@ def test_other_settings_are_computed_live(sample_store: Path, variable: str, val
     assert got == _rows(con, "select * from attributions__live")
     assert got != default  # the setting matters on this data, so the cache would be wrong
     plan = con.sql("explain select * from attributions").fetchall()[0][1]
-    assert "int_attr_candidates_state" in plan
+    if variable.endswith("_slo_ms"):
+        # another SLO re-judges the requests, but each one's placement is read from the table
+        # kept at the default thresholds
+        assert "int_attr_requests_placed__cached" in plan
+        assert "int_attr_candidates_state" not in plan
+    else:
+        assert "int_attr_candidates_state" in plan
+
+
+def test_each_cache_follows_only_the_variables_it_reads() -> None:
+    reads = _relations.variables_read()
+    slo = {"routeaudit_ttft_slo_ms", "routeaudit_tpot_slo_ms"}
+    assert reads["slo_summary"] == slo
+    assert reads["int_attr_requests_placed"] and not reads["int_attr_requests_placed"] & slo
+    assert reads["attributions"] == set(_relations.variable_defaults())
+    assert reads["int_attr_candidates_state"] == set()
+
+
+@pytest.mark.parametrize("settings", [
+    {"routeaudit_ttft_slo_ms": 200, "routeaudit_tpot_slo_ms": 6},
+    {"routeaudit_cause_min_frac": 0.01},
+    {"routeaudit_ttft_slo_ms": 300, "routeaudit_lookback_ms": 5000},
+], ids=["slo", "threshold", "both"])
+def test_a_cached_store_answers_as_an_uncached_one(sample_store: Path, tmp_path: Path,
+                                                    settings: dict[str, float]) -> None:
+    """Whatever a reader sets, the caches change nothing: every public relation equals the one
+    of the same store built without them (everything computed from the tables at query time)."""
+    import shutil
+
+    plain = tmp_path / "plain.duckdb"
+    shutil.copyfile(sample_store, plain)
+    con = duckdb.connect(str(plain))
+    _relations.refresh(con, cache_defaults=False)
+    con.close()
+    cached, uncached = (duckdb.connect(str(p), read_only=True) for p in (sample_store, plain))
+    assert uncached.sql("select count(*) from information_schema.tables "
+                        "where table_name like '%__cached'").fetchall()[0][0] == 0
+    for con in (cached, uncached):
+        for name, value in settings.items():
+            con.execute(f"set variable {name} = {value}")
+    for name in _relations.public_relations():
+        got = cached.sql(f"select * from {name}").pl()
+        want = uncached.sql(f"select * from {name}").pl()
+        order = [c for c, t in got.schema.items() if t.is_numeric() or t == pl.String]
+        # floats: sums over parallel threads may differ in the last bits
+        assert_frame_equal(got.sort(order, nulls_last=True), want.sort(order, nulls_last=True),
+                           check_exact=False), name
 
 
 def test_every_variable_the_sql_reads_has_a_default() -> None:
@@ -84,19 +132,28 @@ def test_a_scope_gives_the_same_live_rows(sample_store: Path) -> None:
     con.execute("set variable routeaudit_ttft_slo_ms = 300.0")
     runs = [r[0] for r in con.sql("select distinct run_id from requests order by 1").fetchall()]
     assert len(runs) >= 2
-    for run in runs:
-        for name in ("attributions", "slow_requests"):
-            con.execute("reset variable routeaudit_scope_run")
-            want = _rows(con, f"select * from {name}__live where run_id = '{run}'")
-            con.execute(f"set variable routeaudit_scope_run = '{run}'")
-            got = _rows(con, f"select * from {name}__live")
-            assert got == want and want, (name, run)
-            # the scope did narrow the computation (the judged requests are that run's only)
-            assert con.sql("select list(distinct run_id) from int_attr_requests_judged"
-                           ).fetchall()[0][0] == [run]
-    con.execute("reset variable routeaudit_scope_run")
-    plan = con.sql("explain select * from attributions").fetchall()[0][1]
-    assert "int_attr_candidates_state" in plan  # still live (the SLO is not the default)
+    # another SLO (placements read from their table), then other thresholds too (computed)
+    for threshold in (None, "routeaudit_lookback_ms"):
+        if threshold:
+            con.execute(f"set variable {threshold} = 5000")
+        for run in runs:
+            for name in ("attributions", "slow_requests"):
+                con.execute("reset variable routeaudit_scope_run")
+                want = _rows(con, f"select * from {name}__live where run_id = '{run}'")
+                con.execute(f"set variable routeaudit_scope_run = '{run}'")
+                got = _rows(con, f"select * from {name}__live")
+                assert got == want and want, (name, run, threshold)
+                # the scope did narrow the computation (the judged requests are that run's only)
+                for rel in ("int_attr_requests_judged", "int_attr_requests_placed__live"):
+                    assert con.sql(f"select list(distinct r.run_id) from {rel} "
+                                   "join requests r using (request_key)").fetchall()[0][0] == [run]
+        con.execute("reset variable routeaudit_scope_run")
+        plan = con.sql("explain select * from attributions").fetchall()[0][1]
+        # still live (the SLO is not the default); the placements too once a threshold is not
+        assert "attributions__cached" not in plan
+        assert ("int_attr_candidates_state" in plan) == bool(threshold)
+        if threshold:
+            con.execute(f"reset variable {threshold}")
     # one request: every cause of each request explained, plus requests that are not slow
     picked = [r[0] for r in con.sql(
         "(select distinct request_id from attributions__live order by 1 limit 30) "

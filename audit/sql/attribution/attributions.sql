@@ -7,117 +7,18 @@
 -- ids may repeat); request_id is shown. Rules and thresholds: docs/attribution.md.
 with
 
-assessed as (
-    select * from int_attr_candidates_assessed
+requests_judged as (
+    select * from int_attr_requests_judged
+),
+
+placed as (
+    -- the final attempt of each request summed up (chosen, best alternative, ideal): a table at
+    -- the default thresholds, whatever the SLO
+    select * from int_attr_requests_placed
 ),
 
 thresholds as (
     select * from int_attr_thresholds
-),
-
--- the rows of the final routing attempt of each request to explain
-final_rows as (
-    select *
-    from assessed
-    where needs_attribution and coalesce(is_final, true)
-),
-
-request_level_base as (
-    select
-        request_key,
-        any_value(request_id) as request_id,
-        any_value(run_id) as run_id,
-        any_value(status) as status,
-        any_value(missed) as missed,
-        any_value(ttft_ms) as ttft_ms,
-        any_value(tpot_ms) as tpot_ms,
-        any_value(output_tokens) as output_tokens,
-        any_value(input_tokens) as input_tokens,
-        any_value(ttft_slo_ms) as ttft_slo_ms,
-        any_value(tpot_slo_ms) as tpot_slo_ms,
-        any_value(ttft_excess_ms) as ttft_excess_ms,
-        any_value(tpot_excess_ms) as tpot_excess_ms,
-        any_value(total_excess_ms) as total_excess_ms,
-        any_value(has_client) as has_client,
-        any_value(has_router) as has_router,
-        any_value(has_replica) as has_replica,
-        any_value(coalesce(clock_suspect, false)) as clock_suspect,
-        any_value(replica_ttft_ms) as replica_ttft_ms,
-        any_value(predicted_cached_tokens) as request_predicted_cached_tokens,
-        any_value(actual_cached_tokens) as request_actual_cached_tokens,
-        any_value(served_by) as served_by,
-        any_value(router_id) as router_id,
-        any_value(policy) as policy,
-        any_value(client_start) as client_start,
-        bool_or(decision_span_id is not null or decided_at is not null)
-            as has_decision,
-        count(replica) as candidates,
-        count(replica) filter (where eligible and not replica_observed)
-            as eligible_unobserved,
-        -- ideal: a nominal idle replica (the run's idle fit) holding the best cache
-        -- that existed at the decision: the replica's report where it ran, unless earlier
-        -- requests sharing the predicted prefix were served there before (then the router's
-        -- prediction held at the decision and the blocks went later); elsewhere the router's
-        -- prediction
-        any_value(idle_prefill_intercept_ms) as idle_intercept_ms,
-        any_value(idle_prefill_ms_per_token) as idle_ms_per_token,
-        any_value(idle_prefill_attn_ms_per_token2) as idle_attn_ms_per_token2,
-        least(
-            max(
-                case
-                    -- (the shared blocks, give or take one, cover the prediction)
-                    when chosen
-                        and prefix_shared_blocks > 0
-                        and prefix_shared_frac * (1.0 + 1.0 / prefix_shared_blocks)
-                        * input_tokens >= coalesce(predicted_cached_tokens, 0)
-                        then greatest(
-                            cached_assumed_tokens, coalesce(predicted_cached_tokens, 0)
-                        )
-                    else cached_assumed_tokens
-                end
-            ) filter (where eligible and replica_observed),
-            any_value(input_tokens)
-        ) as ideal_cached_tokens,
-        -- ties go to the replica named last, so every rebuild names the same one
-        arg_max(replica, (cached_assumed_tokens, replica))
-            filter (where eligible and replica_observed) as ideal_replica,
-        -- the wait even the best placement would have had (estimated on the true state)
-        min(wait_est_ms) filter (where eligible and replica_observed) as min_wait_ms,
-        arg_min(replica, (wait_est_ms, replica))
-            filter (where eligible and replica_observed) as min_wait_replica
-    from final_rows
-    group by all
-),
-
-request_level as (
-    select
-        * exclude (idle_intercept_ms, idle_ms_per_token, idle_attn_ms_per_token2),
-        idle_intercept_ms
-        + idle_ms_per_token * (input_tokens - ideal_cached_tokens)
-        + idle_attn_ms_per_token2 * (input_tokens - ideal_cached_tokens)
-        * (ideal_cached_tokens + (input_tokens - ideal_cached_tokens) / 2.0)
-            as ideal_prefill_ms
-    from request_level_base
-),
-
-chosen as (
-    select *
-    from final_rows
-    where chosen
-    qualify row_number() over (partition by request_key order by replica) = 1
-),
-
-best_alternative as (
-    select *
-    from final_rows
-    where
-        not chosen
-        and eligible
-        and replica_observed
-        and ttft_est_ms is not null
-    qualify row_number() over (
-        partition by request_key order by ttft_est_ms, replica
-    ) = 1
 ),
 
 client_gaps as (
@@ -126,70 +27,49 @@ client_gaps as (
     select * from int_attr_client_gaps
 ),
 
+request_level as (
+    select
+        j.request_key,
+        j.request_id,
+        j.run_id,
+        j.status,
+        j.missed,
+        j.ttft_ms,
+        j.tpot_ms,
+        j.output_tokens,
+        j.input_tokens,
+        j.ttft_slo_ms,
+        j.tpot_slo_ms,
+        j.ttft_excess_ms,
+        j.tpot_excess_ms,
+        j.total_excess_ms,
+        j.has_client,
+        j.has_router,
+        j.has_replica,
+        coalesce(j.clock_suspect, false) as clock_suspect,
+        j.replica_ttft_ms,
+        j.predicted_cached_tokens as request_predicted_cached_tokens,
+        j.actual_cached_tokens as request_actual_cached_tokens,
+        j.served_by,
+        j.router_id,
+        j.policy,
+        j.client_start,
+        p.* exclude (request_key)
+    from requests_judged as j
+    inner join placed as p
+        on j.request_key = p.request_key
+    where j.needs_attribution
+),
+
 subjects as (
     select
         r.*,
-        c.replica as chosen_replica,
-        c.evidence_source,
-        c.seen_waiting as c_seen_waiting,
-        c.seen_running as c_seen_running,
-        c.seen_pending as c_seen_pending,
-        c.seen_kv_usage as c_seen_kv_usage,
-        c.telemetry_age_ms as c_telemetry_age_ms,
-        c.true_waiting as c_true_waiting,
-        c.true_running as c_true_running,
-        c.true_remaining_tokens as c_true_remaining_tokens,
-        c.wait_est_ms as c_wait_est_ms,
-        c.predicted_cached_tokens as c_predicted_cached_tokens,
-        c.router_est_queue_ms as c_router_est_queue_ms,
-        c.router_est_prefill_ms as c_router_est_prefill_ms,
-        c.prefill_ms_per_token as c_prefill_ms_per_token,
-        c.prefill_intercept_ms as c_prefill_intercept_ms,
-        c.decode_ms_per_token as c_decode_ms_per_token,
-        c.calibrated_from as c_calibrated_from,
-        c.fleet_prefill_ms_per_token,
-        c.fleet_prefill_intercept_ms,
-        c.fleet_decode_ms_per_token,
-        c.decided_at,
-        c.decision_reason,
-        c.exec_span_id,
-        c.exec_queue_ms,
-        c.exec_prefill_ms,
-        c.exec_ttft_ms,
-        c.exec_cached_tokens,
-        c.exec_uncached_tokens,
-        c.in_herding_episode,
-        c.episode_rank,
-        c.episode_decisions,
-        c.episode_unreflected,
-        c.max_kv_usage_scraped,
-        c.preemptions_nearby,
-        c.has_prefix_hashes,
-        c.prefix_last_served_at,
-        c.exec_prefill_start_at,
-        a.replica as alt_replica,
-        a.seen_waiting as a_seen_waiting,
-        a.seen_running as a_seen_running,
-        a.true_running as a_true_running,
-        a.seen_pending as a_seen_pending,
-        a.true_waiting as a_true_waiting,
-        a.wait_est_ms as a_wait_est_ms,
-        a.prefill_est_ms as a_prefill_est_ms,
-        a.ttft_est_ms as a_ttft_est_ms,
-        a.cached_assumed_tokens as a_cached_tokens,
-        a.router_est_queue_ms as a_router_est_queue_ms,
-        a.router_est_prefill_ms as a_router_est_prefill_ms,
         g.run_gap_p50_ms,
-        coalesce(c.exec_ttft_ms, r.replica_ttft_ms) as actual_replica_ttft_ms,
-        coalesce(c.predicted_cached_tokens, r.request_predicted_cached_tokens)
-            as predicted_cached,
-        coalesce(c.exec_cached_tokens, r.request_actual_cached_tokens)
-            as actual_cached
+        coalesce(r.exec_ttft_ms, r.replica_ttft_ms) as actual_replica_ttft_ms,
+        -- the router's prediction for the chosen replica of the final attempt
+        r.request_predicted_cached_tokens as predicted_cached,
+        coalesce(r.exec_cached_tokens, r.request_actual_cached_tokens) as actual_cached
     from request_level as r
-    left join chosen as c
-        on r.request_key = c.request_key
-    left join best_alternative as a
-        on r.request_key = a.request_key
     left join client_gaps as g
         on r.run_id is not distinct from g.run_id
 ),

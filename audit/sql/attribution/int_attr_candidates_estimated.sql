@@ -1,0 +1,227 @@
+-- int_attr_candidates_estimated: one row per candidate replica per routing decision (plus one
+-- row for a request with no decision or no candidate): the candidate's TRUE state at the decision
+-- instant (int_attr_candidates_state, a materialised table) with what depends on the attribution
+-- thresholds but not on the SLO: the calibration choice, the estimated wait, prefill and TTFT
+-- there, KV pressure within lookback and herding membership. int_attr_candidates_assessed joins
+-- it to the SLO judgement; int_attr_requests_placed sums it up per request. docs/attribution.md
+-- has the formulas.
+with
+
+all_requests as (
+    select
+        request_key,
+        run_id,
+        input_tokens
+    from requests
+),
+
+state as not materialized (
+    -- read twice below; two scans of the table are cheaper than DuckDB's default of
+    -- materialising a CTE read twice (8M rows copied: the slow page at a live SLO 8.1 → 7.0 s)
+    select * from int_attr_candidates_state
+    -- the scope of int_attr_requests_judged (the state is keyed by request)
+    where
+        (
+            getvariable('routeaudit_scope_run') is null
+            or request_key in (
+                select request_key from requests
+                where run_id = getvariable('routeaudit_scope_run')
+            )
+        )
+        and (
+            getvariable('routeaudit_scope_request') is null
+            or request_key in (
+                select request_key from requests
+                where request_id = getvariable('routeaudit_scope_request')
+            )
+        )
+),
+
+fits as (
+    select * from int_attr_replica_fits
+),
+
+all_snapshots as (
+    select * from snapshots
+),
+
+thresholds as (
+    select * from int_attr_thresholds
+),
+
+calibration_chosen_fit as (
+    select
+        p.*,
+        case
+            when p.prefill_n >= t.calibration_min_n and p.fit_slope > 0
+                then 'replica'
+            when p.prefill_n >= t.calibration_min_n and p.fit_ratio > 0
+                then 'replica_ratio'
+            when p.pooled_slope > 0 then 'fleet'
+            else 'fleet_ratio'
+        end as calibrated_from
+    from fits as p
+    cross join thresholds as t
+),
+
+calibration_replicas as (
+    select
+        run_id,
+        replica,
+        calibrated_from,
+        case calibrated_from
+            when 'replica' then fit_slope
+            when 'replica_ratio' then fit_ratio
+            when 'fleet' then pooled_slope
+            else pooled_ratio
+        end as prefill_ms_per_token,
+        case calibrated_from
+            when 'replica' then greatest(fit_intercept, 0.0)
+            when 'fleet' then greatest(pooled_intercept, 0.0)
+            else 0.0
+        end as prefill_intercept_ms,
+        coalesce(decode_ms_per_token, pooled_decode_ms_per_token)
+            as decode_ms_per_token
+    from calibration_chosen_fit
+),
+calibration_fleet as (
+    select
+        c.run_id,
+        median(c.prefill_ms_per_token) as fleet_prefill_ms_per_token,
+        median(c.prefill_intercept_ms) as fleet_prefill_intercept_ms,
+        median(c.decode_ms_per_token) as fleet_decode_ms_per_token,
+        -- the idle reference (long_prompt): the run's idle fit when it has the points,
+        -- else the fleet median fit (which includes sharing steps with other requests)
+        any_value(
+            case
+                when i.idle_n >= t.calibration_min_n and i.idle_slope > 0
+                    then i.idle_slope
+            end
+        ) as idle_prefill_ms_per_token,
+        any_value(
+            case
+                when i.idle_n >= t.calibration_min_n and i.idle_slope > 0
+                    then greatest(i.idle_intercept, 0.0)
+            end
+        ) as idle_prefill_intercept_ms,
+        any_value(
+            case
+                when i.idle_n >= t.calibration_min_n and i.idle_slope > 0
+                    then greatest(i.idle_attn_ms_per_token2, 0.0)
+            end
+        ) as idle_prefill_attn_ms_per_token2
+    from calibration_replicas as c
+    cross join thresholds as t
+    left join (
+        select distinct run_id, idle_n, idle_slope, idle_intercept, idle_attn_ms_per_token2
+        from fits
+    ) as i
+        on c.run_id is not distinct from i.run_id
+    group by all
+),
+scrapes as (
+    -- one scrape holds one row per dp rank: add the ranks of a replica at one instant
+    select
+        replica,
+        scraped_at,
+        sum(waiting) as waiting,
+        sum(running) as running,
+        max(kv_usage) as kv_usage
+    from all_snapshots
+    where coalesce(ok, true)
+    group by all
+),
+decisions as (
+    select distinct
+        request_key,
+        attempt,
+        decision_span_id,
+        decided_at,
+        decision_replica,
+        exec_prefill_start_at
+    from state
+    where decided_at is not null
+),
+
+kv_pressure as (
+    -- KV usage of the chosen replica between lookback before the decision and the prefill
+    select
+        d.request_key,
+        d.attempt,
+        d.decision_span_id,
+        max(s.kv_usage) as max_kv_usage_scraped
+    from decisions as d
+    cross join thresholds as t
+    inner join scrapes as s
+        on d.decision_replica = s.replica
+        and s.scraped_at
+        >= d.decided_at - to_microseconds(cast(t.lookback_ms * 1000 as bigint))
+        and s.scraped_at <= coalesce(d.exec_prefill_start_at, d.decided_at)
+    group by all
+),
+
+estimated as (
+    select
+        s.*,
+        j.input_tokens,
+        coalesce(
+            s.episode_decisions >= t.herding_min_decisions
+            and s.episode_unreflected > 0
+            and s.unreflected_assignments > 0,
+            false
+        ) as in_herding_episode,
+        k.max_kv_usage_scraped,
+        case when s.replica is not null then coalesce(c.calibrated_from, 'fleet_median') end
+            as calibrated_from,
+        coalesce(c.prefill_ms_per_token, f.fleet_prefill_ms_per_token)
+            as prefill_ms_per_token,
+        coalesce(c.prefill_intercept_ms, f.fleet_prefill_intercept_ms, 0.0)
+            as prefill_intercept_ms,
+        coalesce(c.decode_ms_per_token, f.fleet_decode_ms_per_token)
+            as decode_ms_per_token,
+        f.fleet_prefill_ms_per_token,
+        f.fleet_prefill_intercept_ms,
+        f.fleet_decode_ms_per_token,
+        coalesce(f.idle_prefill_ms_per_token, f.fleet_prefill_ms_per_token)
+            as idle_prefill_ms_per_token,
+        coalesce(f.idle_prefill_intercept_ms, f.fleet_prefill_intercept_ms)
+            as idle_prefill_intercept_ms,
+        coalesce(f.idle_prefill_attn_ms_per_token2, 0.0) as idle_prefill_attn_ms_per_token2
+    from all_requests as j
+    cross join thresholds as t
+    inner join state as s
+        on j.request_key = s.request_key
+    left join kv_pressure as k
+        on s.request_key = k.request_key
+        and s.attempt is not distinct from k.attempt
+        and s.decision_span_id is not distinct from k.decision_span_id
+    left join calibration_replicas as c
+        on j.run_id is not distinct from c.run_id
+        and s.replica = c.replica
+    left join calibration_fleet as f
+        on j.run_id is not distinct from f.run_id
+        and s.replica is not null
+),
+
+final as (
+    select
+        *,
+        prefill_intercept_ms
+        + prefill_ms_per_token
+        * greatest(coalesce(input_tokens, 0) - cached_assumed_tokens, 0)
+            as prefill_est_ms,
+        -- idle, with the cache it had there (the replica's report where it ran, else the
+        -- router's prediction): what the prompt alone costs on that replica
+        prefill_intercept_ms
+        + prefill_ms_per_token
+        * greatest(coalesce(input_tokens, 0) - cached_assumed_tokens, 0)
+            as prefill_ideal_ms,
+        wait_est_ms
+        + prefill_intercept_ms
+        + prefill_ms_per_token
+        * greatest(coalesce(input_tokens, 0) - cached_assumed_tokens, 0)
+            as ttft_est_ms
+    from estimated
+)
+
+select * from final
