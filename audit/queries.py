@@ -499,15 +499,20 @@ def _rows_of(both: pl.DataFrame, column: str) -> pl.DataFrame:
 # --------------------------------------------------------------------------------------------
 # One request
 # --------------------------------------------------------------------------------------------
-def request_matches(reader: Reads, text: str, limit: int = 50) -> pl.DataFrame:
-    """Requests whose request id or request key is ``text``, latest first: request ids repeat
-    (capture runs, replays, clients reusing X-Request-Id), request keys do not. Columns:
-    request_key, request_id, run_id, client_start, status, ttft_ms."""
+def request_matches(reader: Reads, text: str, limit: int = 50, *,
+                    prefer: str | None = None) -> pl.DataFrame:
+    """Requests whose request id or request key is ``text``, latest first, the request key
+    ``prefer`` (the one a link named) first of all, so ``limit`` never drops it: request ids
+    repeat (capture runs, replays, clients reusing X-Request-Id), request keys do not. Columns:
+    request_key, request_id, run_id, client_start, status, ttft_ms, matching (how many requests
+    match in all, beyond ``limit`` too)."""
     return reader.query(
-        "select request_key, request_id, run_id, client_start, status, ttft_ms from requests "
+        "select request_key, request_id, run_id, client_start, status, ttft_ms, "
+        "count(*) over () as matching from requests "
         "where request_id = ? or request_key = ? "
-        "order by client_start desc nulls last, request_key limit ?",
-        [text, text, int(limit)])
+        "order by request_key is not distinct from ? desc, client_start desc nulls last, "
+        "request_key limit ?",
+        [text, text, prefer, int(limit)])
 
 
 def request_detail(reader: Reads, request_key: str) -> pl.DataFrame:
@@ -659,6 +664,8 @@ def request_attributions(reader: Reads, request_key: str,
     if not has_relation(reader, "attributions", *_ATTR_COLS):
         return pl.DataFrame()
     ids = reader.query("select request_id from requests where request_key = ?", [request_key])
+    if ids.height == 0:  # no such request: nothing to compute (live, that would be all of them)
+        return pl.DataFrame()
     # Computed live (a non-default SLO), only the requests of this id are computed.
     return _query(
         reader,

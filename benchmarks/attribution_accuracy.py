@@ -145,7 +145,7 @@ def audit_primary(db: Path, slo: Any) -> tuple[pl.DataFrame, float, float]:
             from requests as r
             left join int_attr_requests_judged as j using (request_key)
             left join attributions as a
-                on a.request_id = r.request_id and a.is_primary
+                on a.request_key = r.request_key and a.is_primary
             """,
             variables=slo.variables(),
         )

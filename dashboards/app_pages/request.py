@@ -18,19 +18,21 @@ if not request_id:
 if st.query_params.get("request_id") != request_id:
     st.query_params["request_id"] = request_id
 
-matches = _ui.query("request_matches", request_id)
+wanted = st.query_params.get("request_key") or st.session_state.get("request_key")
+matches = _ui.query("request_matches", request_id, prefer=wanted)
 if matches is None:
     st.stop()
 if matches.height == 0:
     st.warning(f"No request `{request_id}` in `requests`.")
     st.stop()
 keys = matches["request_key"].to_list()
-wanted = st.query_params.get("request_key") or st.session_state.get("request_key")
 if len(keys) > 1:
     # request ids repeat (capture runs, replays, clients reusing X-Request-Id): pick one
     labels = {m["request_key"]: f"run {m['run_id']} · sent {m['client_start']} · {m['status']} · "
               f"key {m['request_key']}" for m in matches.iter_rows(named=True)}
-    st.caption(f"{len(keys)} requests carry the id `{request_id}`.")
+    total = int(matches["matching"][0])
+    st.caption(f"{total:,} requests carry the id `{request_id}`"
+               + (f" (the latest {len(keys)} listed)." if total > len(keys) else "."))
     request_key = st.selectbox("Which request", keys, index=keys.index(wanted) if wanted in keys
                                else 0, format_func=labels.__getitem__, key="drill_request_key")
 else:

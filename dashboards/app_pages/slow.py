@@ -22,7 +22,8 @@ if opts is None:
 if opts["first_at"] is None:
     st.info(_ui.NO_REQUESTS)
     st.stop()
-attributed = _ui.has("attributions", "request_id", "cause", "excess_ms", "is_primary")
+attributed = _ui.has("attributions", "request_key", "request_id", "cause", "excess_ms",
+                     "is_primary")
 if not attributed:
     st.info(_ui.NO_ATTRIBUTION)
 
@@ -112,9 +113,12 @@ if rows:
     st.switch_page("app_pages/request.py", query_params={
         "request_id": str(chosen["request_id"]), "request_key": str(chosen["request_key"])})
 
-picks = {r["request_key"]: r["request_id"] for r in table.iter_rows(named=True)}
-pick = st.selectbox("Or open a request", list(picks), format_func=lambda k: str(picks[k]),
-                    key="slow_pick")
+picks = {r["request_key"]: r for r in table.iter_rows(named=True)}
+pick = st.selectbox(
+    "Or open a request", list(picks), key="slow_pick",
+    # ids may repeat (across runs): the run and the send time tell such requests apart
+    format_func=lambda k: f"{picks[k]['request_id']} · run {picks[k]['run_id']} · "
+                          f"{picks[k]['client_start']}")
 if pick:
-    st.page_link("app_pages/request.py", label=f"Drill down into {picks[pick]} →",
-                 query_params={"request_id": str(picks[pick]), "request_key": pick})
+    st.page_link("app_pages/request.py", label=f"Drill down into {picks[pick]['request_id']} →",
+                 query_params={"request_id": str(picks[pick]["request_id"]), "request_key": pick})

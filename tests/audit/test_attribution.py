@@ -125,10 +125,11 @@ class Fleet:
 
     def decision(self, request_id: str, *, at_ms: float, chosen: str,
                  candidates: list[dict[str, Any]] | None = None, router: str = "r1",
-                 policy: str = "cache_aware", reason: str = "cache_affinity") -> None:
-        span = f"d-{request_id}"
+                 policy: str = "cache_aware", reason: str = "cache_affinity",
+                 attempt: int = 0) -> None:
+        span = f"d-{request_id}" + (f"-{attempt}" if attempt else "")
         self.rows["decisions"].append({
-            "request_key": self.key(request_id), "request_id": request_id, "attempt": 0,
+            "request_key": self.key(request_id), "request_id": request_id, "attempt": attempt,
             "trace_id": f"t-{self.key(request_id)}", "span_id": span, "router_id": router,
             "policy": policy, "decided_at": at(at_ms), "chosen_replica": chosen,
             "reason": reason, "outcome": "routed", "recorded": candidates is not None,
@@ -136,7 +137,7 @@ class Fleet:
         })
         for c in candidates or []:
             row = {"request_key": self.key(request_id), "request_id": request_id,
-                   "attempt": 0, "decision_span_id": span,
+                   "attempt": attempt, "decision_span_id": span,
                    "eligible": True, "chosen": c["replica"] == chosen, **c}
             if "telemetry_age_ms" in row and "telemetry_ts" not in row:
                 row["telemetry_ts"] = at(at_ms - row["telemetry_age_ms"])
@@ -327,6 +328,9 @@ def test_herding_onto_one_replica_on_one_telemetry_sample() -> None:
     ep = episodes[0]
     assert (ep["replica"], ep["decisions"], ep["routers"]) == ("A", 5, 2)
     assert ep["unreflected_assignments"] > 0
+    # in decision order, by id and by key
+    assert ep["request_ids"].split(",") == [f"h{k}" for k in range(5)]
+    assert ep["request_keys"].split(",") == [f.key(f"h{k}") for k in range(5)]
     for rid in ("h1", "h2", "h3", "h4"):
         p = primary(con, rid)
         assert (p["cause"], p["sub_kind"]) == ("stale_telemetry", "herding"), (rid, p)
@@ -522,6 +526,30 @@ def test_calibration_counts_hits_and_false_hits() -> None:
     assert r["mean_abs_error_tokens"] == pytest.approx(1500.0)
     router = rows(con, "select * from calibration where scope = 'router'")[0]
     assert router["telemetry_age_p50_ms"] == pytest.approx(50.0)
+
+
+def test_calibration_scores_each_attempt_on_its_own_prediction() -> None:
+    """R's first attempt went to A predicting 1000 cached tokens, and A had them (its execution
+    then failed); the retry went to B predicting none. A's calibration counts a hit: the
+    request's prediction (the final attempt's, 0) would have made it a miss."""
+    f = Fleet()
+    f.served("b0", "B", arrive=-20_000.0, queue=0.0, input_tokens=800)
+    f.decision("R", at_ms=0.0, chosen="A", candidates=[
+        {"replica": "A", "predicted_cached_tokens": 1000, **seen(0, 0)},
+        {"replica": "B", "predicted_cached_tokens": 0, **seen(0, 0)},
+    ])
+    first = f.execution("R", "A", arrive=5.0, queue=0.0, input_tokens=2000, cached=1000)
+    first.update(span_id="x-R-0", status="error")
+    f.decision("R", at_ms=100.0, chosen="B", attempt=1, candidates=[
+        {"replica": "A", "predicted_cached_tokens": 1000, **seen(0, 0)},
+        {"replica": "B", "predicted_cached_tokens": 0, **seen(0, 0)},
+    ])
+    f.served("R", "B", arrive=105.0, queue=0.0, input_tokens=2000, cached=0)
+    f.rows["requests"][-1].update(predicted_cached_tokens=0, attempts=2)
+    con = f.store()
+    a = rows(con, "select * from calibration where scope = 'replica' and replica = 'A'")[0]
+    assert (a["decisions"], a["hits"], a["false_hits"], a["misses"]) == (1, 1, 0, 0)
+    assert a["mean_abs_error_tokens"] == pytest.approx(0.0)
 
 
 def test_attribution_layer_installs_on_the_real_marts() -> None:

@@ -265,6 +265,12 @@ def test_request_drilldown_of_a_repeated_request_id(monkeypatch: pytest.MonkeyPa
     at = open_page(monkeypatch, db, "request", {"request_id": "req-000004",
                                                  "request_key": both[1]})
     assert at.selectbox(key="drill_request_key").value == both[1]
+    # however many requests share the id, the linked one is listed (first)
+    import audit
+    from audit import queries
+
+    one = queries.request_matches(audit.open(db), "req-000004", limit=1, prefer=both[1])
+    assert one["request_key"].to_list() == [both[1]] and one["matching"][0] == 2
 
 
 def test_cache_numbers(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:

@@ -24,7 +24,9 @@ candidate_rows as (
         a.chosen,
         a.evidence_source,
         a.telemetry_age_ms,
-        a.predicted_cached_tokens as predicted,
+        -- this decision's prediction for the replica (a retried request's earlier attempts
+        -- are scored on their own prediction, not on the final attempt's)
+        a.candidate_predicted_cached_tokens as predicted,
         case when a.chosen then a.exec_cached_tokens end as actual,
         t.cache_tolerance_tokens as tol
     from assessed as a

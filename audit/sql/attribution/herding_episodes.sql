@@ -36,7 +36,9 @@ episodes as (
         count(*) filter (where c.is_slow) as slow_requests,
         count(*) filter (where c.in_herding_episode and c.is_slow)
             as slow_unreflected,
-        string_agg(c.request_id, ',' order by c.episode_rank) as request_ids
+        string_agg(c.request_id, ',' order by c.episode_rank) as request_ids,
+        -- the same requests by key (request ids may repeat)
+        string_agg(c.request_key, ',' order by c.episode_rank) as request_keys
     from chosen_rows as c
     cross join thresholds as t
     group by c.run_id, c.replica, c.chosen_telemetry_ts, t.herding_min_decisions

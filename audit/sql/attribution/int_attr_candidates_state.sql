@@ -2,8 +2,9 @@
 -- for a request with no decision, or a decision with no candidate): the decision, what the
 -- router saw, and the candidate's TRUE state at the decision instant rebuilt from executions.
 -- Everything here is independent of the SLO and of the attribution thresholds, so it is a
--- materialised table; int_attr_candidates_assessed (a view) adds the SLO judgement, the
--- calibration choice, the estimates and the threshold-dependent evidence on top. Every mart is
+-- materialised table; int_attr_candidates_estimated (a view) adds the calibration choice, the
+-- estimates and the threshold-dependent evidence on top, int_attr_candidates_assessed the SLO
+-- judgement. Every mart is
 -- read once. docs/attribution.md has the formulas. The decisions and candidates come resolved from
 -- int_attr_decisions_resolved and int_attr_candidates_resolved.
 with
@@ -251,7 +252,7 @@ prefix_served as (
     -- earlier requests sharing prefix blocks with this one were prefilled on the chosen replica
     -- before this prefill: the replica held (part of) the prefix. Block hashes are chained, so
     -- the blocks found form a prefix and their count is the longest shared prefix. Looking back
-    -- at most 300 s; the lookback threshold is applied on top in int_attr_candidates_assessed.
+    -- at most 300 s (which keeps the search linear in the number of requests).
     select
         request_key,
         attempt,
