@@ -1,0 +1,136 @@
+"""A/B a change to the SQL relations on an existing store (measure only; docs/performance.md).
+
+Two measurements, each comparing within one run on one store:
+
+``page``: the dashboard's slow-request page query (``audit.queries.slow_page``, all runs) at a
+non-default SLO, as the store answers it (A) and with one relation replaced by the ``select`` in
+``--sql`` as a temporary view of the same name (B, e.g. the ``attributions.sql`` of an older
+commit for ``attributions__live``). Rounds are interleaved; the results must be equal (floats to
+1e-9: parallel sums differ in the last bits).
+
+    python3 benchmarks/sql_ab.py page --db STORE --relation attributions__live \\
+        --sql <(git show HEAD~1:audit/sql/attribution/attributions.sql) --rounds 5
+
+``refresh``: one full rebuild of every relation (``audit._relations.refresh``, relation by
+relation) with the SQL of the source tree ``--src`` (a checkout or ``git worktree`` of the commit
+to compare), then the slowest relations. Run it once per tree on the same store.
+
+    git worktree add /tmp/old HEAD~1
+    python3 benchmarks/sql_ab.py refresh --db STORE --src /tmp/old
+    python3 benchmarks/sql_ab.py refresh --db STORE --src .
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def page(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT))
+    import duckdb
+
+    import audit
+    from audit import queries
+
+    slo = audit.SLO(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
+    captured: dict[str, Any] = {}
+
+    def capture(reader: Any, sql: str, params: Any = None, *_: Any, **__: Any) -> Any:
+        captured.update(sql=sql, params=params)
+        raise LookupError  # stop before running it
+
+    real, queries._query = queries._query, capture  # type: ignore[assignment]
+    try:
+        queries.slow_page(audit.open(args.db), {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms})
+    except LookupError:
+        pass
+    finally:
+        queries._query = real  # type: ignore[assignment]
+    replacement = Path(args.sql).read_text().strip().rstrip(";")
+
+    def connect(replaced: bool) -> duckdb.DuckDBPyConnection:
+        con = duckdb.connect(args.db, read_only=True)
+        for name, value in slo.variables().items():
+            con.execute(f"set variable {name} = ?", [value])
+        if replaced:  # a temporary view shadows the stored relation of that name
+            con.execute(f"create temp view {args.relation} as\n{replacement}")
+        return con
+
+    a, b = connect(False), connect(True)
+    sql, params = captured["sql"], captured["params"]
+    same = _close(a.execute(sql, params).fetchall(), b.execute(sql, params).fetchall())
+    times: dict[str, list[float]] = {"A (store)": [], f"B ({args.sql})": []}
+    for _ in range(args.rounds):
+        for con, key in ((a, "A (store)"), (b, f"B ({args.sql})")):
+            t = time.perf_counter()
+            con.execute(sql, params).fetchall()
+            times[key].append(time.perf_counter() - t)
+    print(f"slow page, all runs, TTFT {args.ttft_ms:g} / TPOT {args.tpot_ms:g} ms; "
+          f"results equal: {same}; load {os.getloadavg()[0]:.1f}")
+    for key, ts in times.items():
+        print(f"  {key:40s} median {statistics.median(ts):6.2f} s   rounds "
+              + " ".join(f"{t:.2f}" for t in ts))
+
+
+def refresh(args: argparse.Namespace) -> None:
+    src = str(Path(args.src).resolve())
+    sys.path.insert(0, src)
+    import duckdb
+
+    from audit import _relations
+    from audit._store import _tune
+
+    if not _relations.__file__ or not _relations.__file__.startswith(src):
+        raise SystemExit(f"audit imported from {_relations.__file__}, not from {src}")
+    con = duckdb.connect(args.db)
+    _tune(con)
+    built: list[tuple[str, str, float]] = []
+    t = time.perf_counter()
+    _relations.refresh(con, on_built=lambda rel, kind, s: built.append((rel.name, kind, s)))
+    total = time.perf_counter() - t
+    con.execute("checkpoint")
+    con.close()
+    print(f"refresh with the SQL of {src}: {total:.1f} s; load {os.getloadavg()[0]:.1f}")
+    for name, kind, s in sorted(built, key=lambda r: -r[2])[:args.top]:
+        print(f"  {name:40s} {kind:12s} {s:7.2f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("page", help="A/B the slow page query with one relation replaced")
+    p.add_argument("--db", required=True)
+    p.add_argument("--relation", default="attributions__live")
+    p.add_argument("--sql", required=True, help="file holding the replacement select")
+    p.add_argument("--ttft-ms", type=float, default=200.0)
+    p.add_argument("--tpot-ms", type=float, default=6.0)
+    p.add_argument("--rounds", type=int, default=5)
+    r = sub.add_parser("refresh", help="time a full rebuild with the SQL of a source tree")
+    r.add_argument("--db", required=True)
+    r.add_argument("--src", default=str(ROOT))
+    r.add_argument("--top", type=int, default=12)
+    args = ap.parse_args()
+    page(args) if args.what == "page" else refresh(args)
+
+
+if __name__ == "__main__":
+    main()
