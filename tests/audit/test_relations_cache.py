@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-import pyarrow.parquet as pq
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from polars.testing import assert_frame_equal
 
