@@ -92,23 +92,16 @@ def page(args: argparse.Namespace) -> None:
 
 
 def refresh(args: argparse.Namespace) -> None:
-    src = str(Path(args.src).resolve())
-    sys.path.insert(0, src)
-    import duckdb
+    sys.path.insert(0, str(Path(__file__).parent))
+    from analysis_scaling import timed_refresh  # puts this checkout first on sys.path
 
+    src = str(Path(args.src).resolve())
+    sys.path.insert(0, src)  # ... so put the tree to measure before it
     from audit import _relations
-    from audit._store import _tune
 
     if not _relations.__file__ or not _relations.__file__.startswith(src):
         raise SystemExit(f"audit imported from {_relations.__file__}, not from {src}")
-    con = duckdb.connect(args.db)
-    _tune(con)
-    built: list[tuple[str, str, float]] = []
-    t = time.perf_counter()
-    _relations.refresh(con, on_built=lambda rel, kind, s: built.append((rel.name, kind, s)))
-    total = time.perf_counter() - t
-    con.execute("checkpoint")
-    con.close()
+    total, built = timed_refresh(Path(args.db))
     print(f"refresh with the SQL of {src}: {total:.1f} s; load {os.getloadavg()[0]:.1f}")
     for name, kind, s in sorted(built, key=lambda r: -r[2])[:args.top]:
         print(f"  {name:40s} {kind:12s} {s:7.2f} s")
