@@ -2,7 +2,8 @@
 with the number of requests in a store, and how much disk a million requests take.
 
 For each size the virtual-time testbed runs the ``hot_prefix`` workload (synthetic, any size) on
-8 replicas and an in-process emitter writes its spans straight into a fresh store: the real OTel
+8 replicas (``--scenario mixed --workload scenario``: the demo's evictions and preemptions, on its
+finite trace) and an in-process emitter writes its spans straight into a fresh store: the real OTel
 SDK spans are encoded with ``encode_spans`` (what the OTLP exporter sends), decoded by
 ``collectors.otlp._decode.decode`` (what the collector does) and appended with ``Store.append``
 in batches of ``--batch`` spans. No sockets, so the curve is about the analysis, not ingest.
@@ -93,7 +94,8 @@ class StoreExporter:
         self._flush()
 
 
-def generate(path: Path, n: int, batch: int) -> dict[str, float]:
+def generate(path: Path, n: int, batch: int, scenario: str = "baseline",
+             workload: str | None = "hot_prefix") -> dict[str, float]:
     import testbed
     from audit._store import Store
     from testbed.emit import OTelEmitter
@@ -102,8 +104,8 @@ def generate(path: Path, n: int, batch: int) -> dict[str, float]:
     exporter = StoreExporter(store, batch)
     emitter = OTelEmitter(exporter, batch=False)  # synchronous: the exporter batches itself
     t = time.perf_counter()
-    sim = testbed.prepare_scenario("baseline", n_requests=n, replicas=8, emitter=emitter,
-                                   workload="hot_prefix")
+    kwargs = {"workload": workload} if workload else {}
+    sim = testbed.prepare_scenario(scenario, n_requests=n, replicas=8, emitter=emitter, **kwargs)
     sim.run()
     emitter.close()
     gen_s = time.perf_counter() - t
@@ -224,7 +226,13 @@ def main() -> None:
     ap.add_argument("--query-timeout", type=float, default=120.0,
                     help="seconds before a query is interrupted (reported as inf)")
     ap.add_argument("--top", type=int, default=8, help="relations listed per size")
+    ap.add_argument("--scenario", default="baseline",
+                    help="testbed scenario (`routeaudit testbed list`); `mixed` has evictions, "
+                         "preemptions and many cache shortfalls, which hot_prefix does not")
+    ap.add_argument("--workload", default="hot_prefix",
+                    help="testbed workload; 'scenario' keeps the scenario's own (a trace is finite)")
     args = ap.parse_args()
+    workload = None if args.workload == "scenario" else args.workload
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ra-scaling-"))
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -233,7 +241,7 @@ def main() -> None:
         if not (args.reuse and path.exists()) and args.tile_from and n > args.tile_from:
             base = folder / f"requests_{args.tile_from}.duckdb"
             if not base.exists():
-                generate(base, args.tile_from, args.batch)
+                generate(base, args.tile_from, args.batch, args.scenario, workload)
             for p in (path, Path(f"{path}.wal")):
                 p.unlink(missing_ok=True)
             g = tile(base, path, n)
@@ -242,7 +250,7 @@ def main() -> None:
         elif not (args.reuse and path.exists()):
             for p in (path, Path(f"{path}.wal")):
                 p.unlink(missing_ok=True)
-            g = generate(path, n, args.batch)
+            g = generate(path, n, args.batch, args.scenario, workload)
             print(f"[{n:>9,} requests] generated {g['spans']:,} spans in {g['generate_s']:.1f} s "
                   f"(decode {g['decode_s']:.1f} s, append {g['append_s']:.1f} s)", flush=True)
         m = measure(path, n, args.query_timeout)
