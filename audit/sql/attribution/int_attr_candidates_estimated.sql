@@ -41,10 +41,6 @@ fits as (
     select * from int_attr_replica_fits
 ),
 
-all_snapshots as (
-    select * from snapshots
-),
-
 thresholds as (
     select * from int_attr_thresholds
 ),
@@ -120,16 +116,7 @@ calibration_fleet as (
     group by all
 ),
 scrapes as (
-    -- one scrape holds one row per dp rank: add the ranks of a replica at one instant
-    select
-        replica,
-        scraped_at,
-        sum(waiting) as waiting,
-        sum(running) as running,
-        max(kv_usage) as kv_usage
-    from all_snapshots
-    where coalesce(ok, true)
-    group by all
+    select * from int_attr_replica_scrapes
 ),
 decisions as (
     select distinct

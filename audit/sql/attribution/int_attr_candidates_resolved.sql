@@ -14,10 +14,6 @@ all_candidates as (
     select * from candidates
 ),
 
-all_snapshots as (
-    select * from snapshots
-),
-
 timed as (
     select * from int_attr_executions_timed
 ),
@@ -74,16 +70,7 @@ run_replicas as (
 ),
 
 scrapes as (
-    -- one scrape holds one row per dp rank: add the ranks of a replica at one instant
-    select
-        replica,
-        scraped_at,
-        sum(waiting) as waiting,
-        sum(running) as running,
-        max(kv_usage) as kv_usage
-    from all_snapshots
-    where coalesce(ok, true)
-    group by all
+    select * from int_attr_replica_scrapes
 ),
 
 reconstructed_pairs as (
