@@ -673,7 +673,7 @@ def request_attributions(reader: Reads, request_key: str,
         "order by is_primary desc, excess_ms desc nulls last",
         [request_key],
         slo,
-        request=ids["request_id"][0] if ids.height else None,
+        request=ids["request_id"][0],
     )
 
 

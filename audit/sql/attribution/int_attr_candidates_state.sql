@@ -4,9 +4,8 @@
 -- Everything here is independent of the SLO and of the attribution thresholds, so it is a
 -- materialised table; int_attr_candidates_estimated (a view) adds the calibration choice, the
 -- estimates and the threshold-dependent evidence on top, int_attr_candidates_assessed the SLO
--- judgement. Every mart is
--- read once. docs/attribution.md has the formulas. The decisions and candidates come resolved from
--- int_attr_decisions_resolved and int_attr_candidates_resolved.
+-- judgement. Every mart is read once. docs/attribution.md has the formulas. The decisions and
+-- candidates come resolved from int_attr_decisions_resolved and int_attr_candidates_resolved.
 with
 
 all_requests as (
