@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -253,7 +254,7 @@ def _rss(pid: int) -> tuple[int, int]:
 def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
                seconds: float, refresh_interval: float | None = None,
                spool: bool = False, queue_max_spans: int = 200_000,
-               memory_limit: str | None = None) -> dict[str, Any]:
+               memory_limit: str | None = None, extra_args: Sequence[str] = ()) -> dict[str, Any]:
     import httpx
 
     tmp = tempfile.mkdtemp(prefix="ra-ingest-")
@@ -264,7 +265,8 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
                              "--queue-max-spans", str(queue_max_spans)]
                             + (["--refresh-interval", str(refresh_interval)] if refresh_interval else [])
                             + (["--spool"] if spool else [])
-                            + (["--store-memory-limit", memory_limit] if memory_limit else []),
+                            + (["--store-memory-limit", memory_limit] if memory_limit else [])
+                            + list(extra_args),
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     try:
         for _ in range(600):
@@ -372,6 +374,9 @@ def main() -> None:
                          "collector's own, 2 s); a large value measures ingest alone")
     ap.add_argument("--store-memory-limit", default=None, metavar="SIZE",
                     help="collector's DuckDB memory limit (default: the collector's own, 25%%)")
+    ap.add_argument("--collector-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for the collector (repeat it: --collector-arg "
+                         "--max-group-spans --collector-arg 16384)")
     args = ap.parse_args()
     bodies = make_templates(args.requests, args.batch, Path(args.cache) if args.cache else None)
     print(f"machine: nproc {os.cpu_count()}, load {os.getloadavg()[0]:.1f}; templates: {len(bodies)} "
@@ -384,9 +389,9 @@ def main() -> None:
     for transport in args.transports:
         r = end_to_end(transport, bodies, args.batch, args.senders, args.seconds,
                        args.refresh_interval, args.spool, args.queue_max_spans,
-                       args.store_memory_limit)
+                       args.store_memory_limit, args.collector_arg)
         ok = "OK" if r["stored"] >= r["acked"] else "MISSING SPANS"
-        mode = "spool, " if args.spool else ""
+        mode = ("spool, " if args.spool else "") + "".join(f"{a} " for a in args.collector_arg)
         print(f"end to end {transport:<5} ({mode}refresh every {args.refresh_interval or 2:g} s) "
               f"{r['spans_per_s']:>9,.0f} spans/s  acked {r['acked']:,} "
               f"stored {r['stored']:,} ({ok})  refused requests {r['refused_requests']}  "

@@ -20,9 +20,15 @@ from typing import Any, Final
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from audit import semconv
 from audit.schema import RAW_SPAN_EVENTS_SCHEMA
+
+try:  # the optional C extension (setup.py); without it the Python expansion does it all
+    from collectors.otlp import _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
 
 MAX_CANDIDATES: Final = 4096
 """Candidates expanded per decision at most; more are ignored (the attribute keeps them all)."""
@@ -37,27 +43,84 @@ def _short_typed() -> dict[str, tuple[str, str]]:
             if key in semconv.TYPED_EVENT_ATTRIBUTES}
 
 
-def expand(spans: pa.Table, events: pa.Table) -> tuple[pa.Table, pa.Table, int]:
+def expand(spans: pa.Table, events: pa.Table, *, native: bool = True
+           ) -> tuple[pa.Table, pa.Table, int]:
     """``spans`` and ``events`` plus one event row per candidate of every decision span that
     carries the JSON attribute, and the number of attributes that were not a JSON array of
     objects (kept verbatim and expanded to nothing).
 
     The typed copy of the attribute is emptied in the returned spans once expanded: the text
     stays in the span's ``attributes`` JSON, and a second copy cost 1.2 GB per million
-    decisions on disk."""
+    decisions on disk.
+
+    ``native``: use the C expansion where it applies (the default; ``False`` runs the Python
+    reference alone, which the tests compare it with)."""
     if _COLUMN not in spans.column_names or spans.num_rows == 0:
         return spans, events, 0
     column = spans.column(_COLUMN)
     if column.null_count == len(column):
         return spans, events, 0
     # the decoders fill the typed columns; only these rows need the other fields
-    from collectors.otlp._decode import _typed_columns  # noqa: PLC0415 - avoids an import cycle
-
     mask = column.is_valid()
-    picked = spans.filter(mask).select(
-        ["trace_id", "span_id", "event_count", "start_ns", "a_decision_time_ns", _COLUMN])
+    picked = spans.select(
+        ["trace_id", "span_id", "event_count", "start_ns", "a_decision_time_ns", _COLUMN]).filter(mask)
     spans = spans.set_column(spans.schema.get_field_index(_COLUMN), spans.schema.field(_COLUMN),
                              pa.nulls(spans.num_rows, column.type))
+    done = _expand_native(picked) if native else None
+    extra, malformed = done if done is not None else _expand_python(picked)
+    if extra is None:
+        return spans, events, malformed
+    return spans, (pa.concat_tables([events, extra]) if events.num_rows else extra), malformed
+
+
+def _rows(cols: dict[str, Any], typed_cols: dict[str, Any], n: int) -> pa.Table:
+    arrays = dict(cols)
+    arrays["name"] = pa.array([semconv.EVENT_CANDIDATE] * n, pa.string())
+    # the verbatim JSON is the span's attribute; these rows carry only the typed facts
+    arrays["attributes"] = pa.nulls(n, pa.string())
+    arrays.update(typed_cols)
+    for name in RAW_SPAN_EVENTS_SCHEMA.names:
+        arrays.setdefault(name, pa.nulls(n, RAW_SPAN_EVENTS_SCHEMA.field(name).type))
+    return pa.Table.from_pydict(arrays, schema=RAW_SPAN_EVENTS_SCHEMA)
+
+
+def _expand_native(picked: pa.Table) -> tuple[pa.Table | None, int] | None:
+    """The candidate rows by the C expansion (no Python object per value, without the GIL), and
+    the malformed count; None when it is not built or leaves the batch to Python."""
+    from collectors.otlp._decode import _KIND_OF_TYPE, _arrow  # noqa: PLC0415 - import cycle
+
+    if _native is None:
+        return None
+    text = picked.column(_COLUMN).combine_chunks()
+    _validity, offsets, data = text.buffers()
+    typed = _short_typed()
+    keys = [(short.encode(), _KIND_OF_TYPE.get(typ, 4)) for short, (_col, typ) in typed.items()]
+    if any(kind > 3 for _key, kind in keys):  # a list or other type: only Python converts it
+        return None
+    out = _native.expand_candidates(offsets, b"" if data is None else data, text.offset, len(text),
+                                    keys, MAX_CANDIDATES)
+    if out is None:
+        return None
+    rows, index, n, malformed, specs = out
+    if n == 0:
+        return None, malformed
+    take = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(rows)])
+    position = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(index)])
+    cols = {
+        "trace_id": picked.column("trace_id").take(take),
+        "span_id": picked.column("span_id").take(take),
+        "event_index": pc.add(pc.fill_null(picked.column("event_count"), 0).take(take), position),
+        "time_ns": pc.coalesce(picked.column("a_decision_time_ns"), picked.column("start_ns")).take(take),
+    }
+    typed_cols = {col: _arrow(spec) for (col, _typ), spec in zip(typed.values(), specs, strict=True)}
+    return _rows(cols, typed_cols, n), malformed
+
+
+def _expand_python(picked: pa.Table) -> tuple[pa.Table | None, int]:
+    """The reference expansion: orjson, then one Arrow struct conversion (or, for values of
+    other types, the decoder's coercion value by value)."""
+    from collectors.otlp._decode import _typed_columns  # noqa: PLC0415 - avoids an import cycle
+
     rows: list[tuple[str, str, int, int]] = []
     dicts: list[dict[str, Any]] = []
     malformed = 0
@@ -74,27 +137,19 @@ def expand(spans: pa.Table, events: pa.Table) -> tuple[pa.Table, pa.Table, int]:
             rows.append((trace_id, span_id, (event_count or 0) + i, at))
             dicts.append(cand)
     if not rows:
-        return spans, events, malformed
-    cols: dict[str, list[Any]] = {
+        return None, malformed
+    cols: dict[str, Any] = {
         "trace_id": [r[0] for r in rows],
         "span_id": [r[1] for r in rows],
         "event_index": [r[2] for r in rows],
-        "name": [semconv.EVENT_CANDIDATE] * len(rows),
         "time_ns": [r[3] for r in rows],
-        # the verbatim JSON is the span's attribute; these rows carry only the typed facts
-        "attributes": [None] * len(rows),
     }
     typed = _short_typed()
-    arrays: dict[str, Any] = dict(cols)
     facts = _fast_facts(dicts, typed) if strict else None
-    if facts is not None:
-        arrays.update(facts)
-    else:  # the decoder's own coercion, value by value (non-finite numbers become NULL)
-        _typed_columns(arrays, dicts, typed)
-    for name in RAW_SPAN_EVENTS_SCHEMA.names:
-        arrays.setdefault(name, pa.nulls(len(rows), RAW_SPAN_EVENTS_SCHEMA.field(name).type))
-    extra = pa.Table.from_pydict(arrays, schema=RAW_SPAN_EVENTS_SCHEMA)
-    return spans, (pa.concat_tables([events, extra]) if events.num_rows else extra), malformed
+    if facts is None:  # the decoder's own coercion, value by value (non-finite numbers become NULL)
+        facts = {}
+        _typed_columns(facts, dicts, typed)
+    return _rows(cols, facts, len(rows)), malformed
 
 
 def _fast_facts(dicts: list[dict[str, Any]], typed: dict[str, tuple[str, str]]
@@ -120,6 +175,9 @@ def _parse(text: str) -> tuple[list[dict[str, Any]] | None, bool]:
         strict = False
         try:
             value = json.loads(text)
+            # a lone surrogate (\ud800) parses here but is no UTF-8 text: Arrow would refuse
+            # the whole batch, so the attribute counts as malformed instead
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
         except (ValueError, RecursionError):
             return None, False
     if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):

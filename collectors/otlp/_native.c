@@ -10,6 +10,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <locale.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdint.h>
@@ -1732,13 +1734,508 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------------------------------- */
+/* candidates JSON -> candidate event columns                                                     */
+/* ------------------------------------------------------------------------------------------- */
+/* What collectors/otlp/_candidate_events.py does with the decision spans' candidates attribute
+ * (orjson.loads, then one Arrow struct conversion), for the texts where that is plain: strict
+ * JSON (RFC 8259), an array of objects whose known keys hold null or a value of their column's
+ * exact kind (an integer where a double goes, up to 2^53), nothing nested under a known key.
+ * Anything else (NaN, a string where a number goes, a float where an integer goes, integers past
+ * int64, depth over 64, a malformed text…) returns None and the Python expansion, the reference,
+ * handles the whole batch: the same rule as the decoder, never produce what Python would not.
+ * A text that is valid JSON but not an array of objects is counted malformed, as Python does. */
+#define CJ_MAX_DEPTH 64
+#define CJ_MAX_KEYS 64
+
+static locale_t c_locale; /* "C" numbers whatever the process locale; made at import */
+
+typedef struct {
+    uint8_t kind; /* V_NONE (absent or null), V_STR, V_INT, V_DBL, V_BOOL */
+    int esc;      /* string unescaped into the scratch buffer at off */
+    int64_t i;
+    double d;
+    const uint8_t *p;
+    size_t off, len;
+} CCell;
+
+typedef struct {
+    D *d;
+    int nk;
+    const uint8_t *kp[CJ_MAX_KEYS];
+    size_t kl[CJ_MAX_KEYS];
+    int kind[CJ_MAX_KEYS];
+    Col col[CJ_MAX_KEYS];
+    Buf rows, idx, scratch, keybuf;
+    CCell *cells;
+    size_t ncells, capcells;
+    int64_t max_cands, malformed;
+} CX;
+
+static inline const uint8_t *j_ws(const uint8_t *p, const uint8_t *end) {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+    return p;
+}
+
+static int j_hex4(const uint8_t *p, const uint8_t *end, unsigned *v) {
+    if (end - p < 4) return 0;
+    unsigned x = 0;
+    for (int k = 0; k < 4; k++) {
+        uint8_t c = p[k];
+        x <<= 4;
+        if (c >= '0' && c <= '9') x |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') x |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') x |= (unsigned)(c - 'A' + 10);
+        else return 0;
+    }
+    *v = x;
+    return 1;
+}
+
+static void j_utf8(D *d, Buf *b, unsigned cp) {
+    uint8_t o[4];
+    size_t n;
+    if (cp < 0x80) { o[0] = (uint8_t)cp; n = 1; }
+    else if (cp < 0x800) { o[0] = (uint8_t)(0xC0 | (cp >> 6)); o[1] = (uint8_t)(0x80 | (cp & 63)); n = 2; }
+    else if (cp < 0x10000) {
+        o[0] = (uint8_t)(0xE0 | (cp >> 12)); o[1] = (uint8_t)(0x80 | ((cp >> 6) & 63));
+        o[2] = (uint8_t)(0x80 | (cp & 63)); n = 3;
+    } else {
+        o[0] = (uint8_t)(0xF0 | (cp >> 18)); o[1] = (uint8_t)(0x80 | ((cp >> 12) & 63));
+        o[2] = (uint8_t)(0x80 | ((cp >> 6) & 63)); o[3] = (uint8_t)(0x80 | (cp & 63)); n = 4;
+    }
+    put(d, b, o, n);
+}
+
+/* The JSON string at p (its opening quote): the byte after its closing quote, or NULL when it is
+ * not strict JSON (control characters, bad escapes, lone surrogates). *esc tells whether it holds
+ * escapes; with out, the unescaped bytes are appended to out. The input is valid UTF-8 (the
+ * decoder checked it), so unescaped bytes are copied as they are. */
+static const uint8_t *j_str(D *d, const uint8_t *p, const uint8_t *end, Buf *out, int *esc) {
+    const uint8_t *s = ++p;
+    *esc = 0;
+    while (p < end) {
+        uint8_t c = *p;
+        if (c == '"') {
+            if (out) put(d, out, s, (size_t)(p - s));
+            return p + 1;
+        }
+        if (c < 0x20) return NULL;
+        if (c != '\\') {
+            p++;
+            continue;
+        }
+        *esc = 1;
+        if (out) put(d, out, s, (size_t)(p - s));
+        if (end - p < 2) return NULL;
+        uint8_t e = p[1], ch = 0;
+        p += 2;
+        switch (e) {
+        case '"': ch = '"'; break;
+        case '\\': ch = '\\'; break;
+        case '/': ch = '/'; break;
+        case 'b': ch = 8; break;
+        case 'f': ch = 12; break;
+        case 'n': ch = 10; break;
+        case 'r': ch = 13; break;
+        case 't': ch = 9; break;
+        case 'u': {
+            unsigned cp, lo;
+            if (!j_hex4(p, end, &cp)) return NULL;
+            p += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || !j_hex4(p + 2, end, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+                    return NULL;
+                p += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                return NULL;
+            }
+            if (out) j_utf8(d, out, cp);
+            s = p;
+            continue;
+        }
+        default: return NULL;
+        }
+        if (out) putc_(d, out, ch);
+        s = p;
+    }
+    return NULL;
+}
+
+static inline int j_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+
+/* A JSON number's end, or NULL; *isint: no fraction and no exponent. */
+static const uint8_t *j_num(const uint8_t *p, const uint8_t *end, int *isint) {
+    const uint8_t *q = p;
+    if (q < end && *q == '-') q++;
+    if (q >= end) return NULL;
+    if (*q == '0') q++;
+    else if (*q >= '1' && *q <= '9') while (q < end && j_digit(*q)) q++;
+    else return NULL;
+    *isint = 1;
+    if (q < end && *q == '.') {
+        q++;
+        if (q >= end || !j_digit(*q)) return NULL;
+        while (q < end && j_digit(*q)) q++;
+        *isint = 0;
+    }
+    if (q < end && (*q == 'e' || *q == 'E')) {
+        q++;
+        if (q < end && (*q == '+' || *q == '-')) q++;
+        if (q >= end || !j_digit(*q)) return NULL;
+        while (q < end && j_digit(*q)) q++;
+        *isint = 0;
+    }
+    return q;
+}
+
+static const uint8_t *j_lit(const uint8_t *p, const uint8_t *end, const char *lit, size_t n) {
+    return (size_t)(end - p) >= n && memcmp(p, lit, n) == 0 ? p + n : NULL;
+}
+
+/* Skip one JSON value (validating it); NULL when it is not strict JSON or nests too deep. */
+static const uint8_t *j_skip(D *d, const uint8_t *p, const uint8_t *end, int depth) {
+    int esc, isint;
+    if (depth > CJ_MAX_DEPTH || p >= end) return NULL;
+    switch (*p) {
+    case '"': return j_str(d, p, end, NULL, &esc);
+    case 't': return j_lit(p, end, "true", 4);
+    case 'f': return j_lit(p, end, "false", 5);
+    case 'n': return j_lit(p, end, "null", 4);
+    case '{':
+        p = j_ws(p + 1, end);
+        if (p < end && *p == '}') return p + 1;
+        for (;;) {
+            if (p >= end || *p != '"' || !(p = j_str(d, p, end, NULL, &esc))) return NULL;
+            p = j_ws(p, end);
+            if (p >= end || *p != ':') return NULL;
+            if (!(p = j_skip(d, j_ws(p + 1, end), end, depth + 1))) return NULL;
+            p = j_ws(p, end);
+            if (p < end && *p == ',') { p = j_ws(p + 1, end); continue; }
+            return p < end && *p == '}' ? p + 1 : NULL;
+        }
+    case '[':
+        p = j_ws(p + 1, end);
+        if (p < end && *p == ']') return p + 1;
+        for (;;) {
+            if (!(p = j_skip(d, p, end, depth + 1))) return NULL;
+            p = j_ws(p, end);
+            if (p < end && *p == ',') { p = j_ws(p + 1, end); continue; }
+            return p < end && *p == ']' ? p + 1 : NULL;
+        }
+    default: return j_num(p, end, &isint);
+    }
+}
+
+static int j_int(const uint8_t *p, const uint8_t *q, int64_t *out) {
+    int neg = *p == '-';
+    uint64_t v = 0, lim = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    for (p += neg; p < q; p++) {
+        uint64_t dgt = (uint64_t)(*p - '0');
+        if (v > (lim - dgt) / 10) return 0;
+        v = v * 10 + dgt;
+    }
+    *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return 1;
+}
+
+static int j_dbl(const uint8_t *p, const uint8_t *q, double *out) {
+    /* Clinger's fast path: at most 2^53 as digits and a power of ten up to 22 are both exact
+       doubles, so one multiplication or division gives the correctly rounded value. */
+    static const double P10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    const uint8_t *r = p;
+    int neg = *r == '-';
+    uint64_t m = 0;
+    int digits = 0, e10 = 0, ok = 1;
+    for (r += neg; r < q && j_digit(*r); r++, digits++) m = m * 10 + (uint64_t)(*r - '0');
+    if (r < q && *r == '.')
+        for (r++; r < q && j_digit(*r); r++, digits++, e10--) m = m * 10 + (uint64_t)(*r - '0');
+    if (r < q) { /* exponent */
+        int es = 1, ev = 0;
+        r++;
+        if (*r == '+' || *r == '-') es = *r++ == '-' ? -1 : 1;
+        for (; r < q && j_digit(*r); r++) {
+            ev = ev * 10 + (*r - '0');
+            if (ev > 1000) ok = 0;
+        }
+        e10 += es * ev;
+    }
+    if (ok && digits <= 19 && m <= (1ULL << 53) && e10 >= -22 && e10 <= 22) {
+        double v = (double)m;
+        v = e10 < 0 ? v / P10[-e10] : v * P10[e10];
+        *out = neg ? -v : v;
+        return 1;
+    }
+    char buf[64];
+    size_t n = (size_t)(q - p);
+    if (n >= sizeof buf) return 0;
+    memcpy(buf, p, n);
+    buf[n] = 0;
+    /* Runs without the GIL, so not PyOS_string_to_double (its dtoa state is the interpreter's);
+       glibc's strtod is correctly rounded like Python's and orjson's, and the C locale fixes
+       the decimal point. Underflow and overflow (ERANGE) are left to Python. */
+    char *e = NULL;
+    errno = 0;
+    double v = c_locale ? strtod_l(buf, &e, c_locale) : strtod(buf, &e);
+    if (errno == ERANGE) return 0;
+    if (e != buf + n || !isfinite(v)) return 0;
+    *out = v;
+    return 1;
+}
+
+/* A known key's value into its cell; 0: leave the batch to Python. */
+static const uint8_t *cj_value(CX *x, CCell *c, int kind, const uint8_t *p, const uint8_t *end) {
+    int esc, isint;
+    const uint8_t *q;
+    if (p >= end) return NULL;
+    switch (*p) {
+    case '"':
+        if (kind != T_STR || !(q = j_str(x->d, p, end, NULL, &esc))) return NULL;
+        c->kind = V_STR;
+        c->esc = esc;
+        if (esc) {
+            c->off = x->scratch.len;
+            j_str(x->d, p, end, &x->scratch, &esc);
+            c->len = x->scratch.len - c->off;
+        } else {
+            c->p = p + 1;
+            c->len = (size_t)(q - p - 2);
+        }
+        return q;
+    case 't': case 'f':
+        if (kind != T_BOOL) return NULL;
+        c->kind = V_BOOL;
+        c->i = *p == 't';
+        return *p == 't' ? j_lit(p, end, "true", 4) : j_lit(p, end, "false", 5);
+    case 'n':
+        c->kind = V_NONE;
+        return j_lit(p, end, "null", 4);
+    case '{': case '[':
+        return NULL;
+    default:
+        if (!(q = j_num(p, end, &isint))) return NULL;
+        if (kind == T_I64) {
+            if (!isint || !j_int(p, q, &c->i)) return NULL;
+            c->kind = V_INT;
+        } else if (kind == T_F64) {
+            if (isint) {
+                int64_t v;
+                if (!j_int(p, q, &v) || v > 9007199254740992LL || v < -9007199254740992LL) return NULL;
+                c->d = (double)v;
+            } else if (!j_dbl(p, q, &c->d)) {
+                return NULL;
+            }
+            c->kind = V_DBL;
+        } else {
+            return NULL;
+        }
+        return q;
+    }
+}
+
+static int cj_key(CX *x, const uint8_t *k, size_t kl) {
+    for (int i = 0; i < x->nk; i++)
+        if (x->kl[i] == kl && memcmp(x->kp[i], k, kl) == 0) return i;
+    return -1;
+}
+
+/* One object (at '{') into nk cells (last duplicate wins, as in a dict); NULL: to Python. */
+static const uint8_t *cj_object(CX *x, CCell *cells, const uint8_t *p, const uint8_t *end) {
+    int esc;
+    const uint8_t *q;
+    p = j_ws(p + 1, end);
+    if (p < end && *p == '}') return p + 1;
+    for (;;) {
+        if (p >= end || *p != '"' || !(q = j_str(x->d, p, end, NULL, &esc))) return NULL;
+        int k;
+        if (esc) {
+            x->keybuf.len = 0;
+            j_str(x->d, p, end, &x->keybuf, &esc);
+            k = cj_key(x, x->keybuf.p, x->keybuf.len);
+        } else {
+            k = cj_key(x, p + 1, (size_t)(q - p - 2));
+        }
+        p = j_ws(q, end);
+        if (p >= end || *p != ':') return NULL;
+        p = j_ws(p + 1, end);
+        if (k < 0) p = j_skip(x->d, p, end, 2);
+        else {
+            memset(&cells[k], 0, sizeof(CCell));
+            p = cj_value(x, &cells[k], x->kind[k], p, end);
+        }
+        if (!p) return NULL;
+        p = j_ws(p, end);
+        if (p < end && *p == ',') { p = j_ws(p + 1, end); continue; }
+        return p < end && *p == '}' ? p + 1 : NULL;
+    }
+}
+
+/* One text: its candidates' cells staged, then committed to the columns; 0: to Python. */
+static int cj_text(CX *x, int32_t row, const uint8_t *p, const uint8_t *end) {
+    int notobj = 0;
+    int64_t n = 0;
+    x->ncells = 0;
+    x->scratch.len = 0;
+    p = j_ws(p, end);
+    if (p >= end || *p != '[') {
+        if (!(p = j_skip(x->d, p, end, 0)) || j_ws(p, end) != end) return 0;
+        x->malformed++;
+        return 1;
+    }
+    p = j_ws(p + 1, end);
+    if (p < end && *p == ']') return j_ws(p + 1, end) == end;
+    for (;;) {
+        if (p < end && *p == '{' && n < x->max_cands && !notobj) {
+            size_t need = x->ncells + (size_t)x->nk;
+            grow(x->d, (void **)&x->cells, &x->capcells, need, sizeof(CCell));
+            memset(&x->cells[x->ncells], 0, (size_t)x->nk * sizeof(CCell));
+            if (!(p = cj_object(x, &x->cells[x->ncells], p, end))) return 0;
+            x->ncells = need;
+        } else {
+            if (p >= end || *p != '{') notobj = 1;
+            if (!(p = j_skip(x->d, p, end, 1))) return 0;
+        }
+        n++;
+        p = j_ws(p, end);
+        if (p < end && *p == ',') { p = j_ws(p + 1, end); continue; }
+        if (p >= end || *p != ']' || j_ws(p + 1, end) != end) return 0;
+        break;
+    }
+    if (notobj) {
+        x->malformed++;
+        return 1;
+    }
+    size_t m = x->ncells / (size_t)(x->nk ? x->nk : 1);
+    for (size_t i = 0; i < m; i++) {
+        int64_t ci = (int64_t)i;
+        put(x->d, &x->rows, &row, 4);
+        put(x->d, &x->idx, &ci, 8);
+        for (int k = 0; k < x->nk; k++) {
+            CCell *c = &x->cells[i * (size_t)x->nk + (size_t)k];
+            Col *col = &x->col[k];
+            switch (c->kind) {
+            case V_NONE: col_null(x->d, col); break;
+            case V_STR: col_str(x->d, col, c->esc ? x->scratch.p + c->off : c->p, c->len); break;
+            case V_INT: col_i64(x->d, col, c->i); break;
+            case V_DBL: col_f64(x->d, col, c->d); break;
+            case V_BOOL: col_bool(x->d, col, (int)c->i); break;
+            }
+        }
+    }
+    return 1;
+}
+
+static void cx_free(CX *x) {
+    for (int k = 0; k < CJ_MAX_KEYS; k++) col_free(&x->col[k]);
+    free(x->rows.p);
+    free(x->idx.p);
+    free(x->scratch.p);
+    free(x->keybuf.p);
+    free(x->cells);
+}
+
+/* expand_candidates(offsets, data, offset, n, keys, max_candidates) -> None | (rows, index, count,
+ * malformed, [column spec per key]). offsets/data: the Arrow buffers of a string array without
+ * nulls (offset: the array's offset), keys: [(short key bytes, column kind)]. rows (int32) and
+ * index (int64) give each candidate's text and position in it. */
+static PyObject *native_expand_candidates(PyObject *self, PyObject *args) {
+    Py_buffer offs, data;
+    Py_ssize_t off, n;
+    PyObject *keys;
+    long long maxc;
+    if (!PyArg_ParseTuple(args, "y*y*nnO!L", &offs, &data, &off, &n, &PyList_Type, &keys, &maxc)) return NULL;
+    PyObject *result = NULL;
+    D *d = calloc(1, sizeof(D));
+    CX *x = calloc(1, sizeof(CX));
+    Py_ssize_t nk = PyList_GET_SIZE(keys);
+    if (!d || !x) {
+        result = PyErr_NoMemory();
+        goto out;
+    }
+    if (off < 0 || n < 0 || (size_t)offs.len < (size_t)(off + n + 1) * 4 || nk > CJ_MAX_KEYS) {
+        PyErr_SetString(PyExc_ValueError, "expand_candidates: bad buffers or too many keys");
+        goto out;
+    }
+    x->d = d;
+    x->nk = (int)nk;
+    x->max_cands = maxc;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *item = PyList_GET_ITEM(keys, k);
+        char *kp;
+        Py_ssize_t kl;
+        int kind;
+        if (!PyArg_ParseTuple(item, "y#i", &kp, &kl, &kind)) goto out;
+        if (kind < T_STR || kind > T_BOOL) {
+            PyErr_SetString(PyExc_ValueError, "expand_candidates: a key's kind must be a scalar kind");
+            goto out;
+        }
+        x->kp[k] = (const uint8_t *)kp; /* owned by keys, which outlives this call */
+        x->kl[k] = (size_t)kl;
+        x->kind[k] = kind;
+    }
+    d->released = NULL; /* in d, not a local: a local changed after setjmp is lost by longjmp */
+    if (setjmp(d->jb)) { /* out of memory: leave it to Python */
+        if (d->released) PyEval_RestoreThread(d->released);
+        d->released = NULL;
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto out;
+    }
+    for (int k = 0; k < x->nk; k++) col_init(d, &x->col[k], x->kind[k]);
+    const int32_t *o = (const int32_t *)offs.buf + off;
+    const uint8_t *base = data.buf;
+    int ok = 1;
+    d->released = PyEval_SaveThread();
+    for (Py_ssize_t r = 0; r < n && ok; r++) {
+        if (o[r] < 0 || o[r + 1] < o[r] || (Py_ssize_t)o[r + 1] > data.len) ok = 0;
+        else ok = cj_text(x, (int32_t)r, base + o[r], base + o[r + 1]);
+    }
+    PyEval_RestoreThread(d->released);
+    d->released = NULL;
+    if (!ok) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto out;
+    }
+    PyObject *specs = PyList_New(x->nk);
+    if (!specs) goto out;
+    for (int k = 0; k < x->nk; k++) {
+        PyObject *spec = col_py(&x->col[k]);
+        if (!spec) {
+            Py_DECREF(specs);
+            goto out;
+        }
+        PyList_SET_ITEM(specs, k, spec);
+    }
+    PyObject *rows = bytes_of(&x->rows), *idx = bytes_of(&x->idx);
+    if (rows && idx)
+        result = Py_BuildValue("(OOnLO)", rows, idx, (Py_ssize_t)(x->rows.len / 4), (long long)x->malformed, specs);
+    Py_XDECREF(rows);
+    Py_XDECREF(idx);
+    Py_DECREF(specs);
+out:
+    if (x) cx_free(x);
+    free(x);
+    free(d);
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"make_config", make_config, METH_VARARGS, "Build the decoder configuration (typed keys, prompt keys, limits)."},
     {"decode", native_decode, METH_VARARGS,
      "decode(body, config, keep_prompts, received_ns) -> column data, or None when not handled."},
+    {"expand_candidates", native_expand_candidates, METH_VARARGS,
+     "expand_candidates(offsets, data, offset, n, keys, max_candidates) -> candidate columns, or None."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_native", "Native OTLP trace decoder.", -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&moddef); }
+PyMODINIT_FUNC PyInit__native(void) {
+    if (!c_locale) c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    return PyModule_Create(&moddef);
+}
