@@ -28,19 +28,22 @@ all_snapshots as (
 ),
 
 decision_prefixes as (
-    -- the prefix block hashes a decision span carries, keyed by its request and span
+    -- the prefix block hashes a decision span carries, keyed by its request and span. The
+    -- keys are made distinct before the join (raw_spans holds one row per trace and span id):
+    -- grouping the joined rows carried each hash list through the hash table (4 s at 1M).
     select
         d.request_key,
         d.span_id as decision_span_id,
-        any_value(s.a_prefix_hashes) as prefix_hashes
+        s.a_prefix_hashes as prefix_hashes
     from raw_spans as s
-    inner join all_decisions as d
+    inner join (
+        select distinct request_key, trace_id, span_id from all_decisions
+    ) as d
         on s.trace_id = d.trace_id
         and s.span_id = d.span_id
     where
         s.name = 'routeaudit.decision'
         and len(s.a_prefix_hashes) > 0
-    group by all
 ),
 
 decisions_resolved as (
@@ -213,10 +216,13 @@ served_blocks as (
 ),
 
 needed_served_blocks as (
+    -- only the (replica, block) pairs a shortfall decision looks up: the ASOF match below keeps
+    -- nothing else, and a prefix block shared by most requests is served on every replica
     select s.*
     from served_blocks as s
-    semi join (select distinct block_hash from decision_blocks) as b
-        on s.block_hash = b.block_hash
+    semi join (select distinct chosen_replica, block_hash from decision_blocks) as b
+        on s.replica = b.chosen_replica
+        and s.block_hash = b.block_hash
 ),
 
 decision_blocks_served as (
