@@ -103,6 +103,9 @@ class Store:
         for table in RAW_TABLES:
             self._con.execute(raw_ddl(table))
         _add_missing_raw_columns(self._con)
+        self._events_keyed = bool(self._con.execute(
+            "select count(*) from duckdb_constraints() where database_name = current_database() "
+            "and table_name = 'raw_span_events' and constraint_type = 'PRIMARY KEY'").fetchall()[0][0])
         self._con.execute(
             "create table if not exists routeaudit_meta (key varchar primary key, value varchar)"
         )
@@ -201,7 +204,7 @@ class Store:
                     con.unregister("_ra_spans")
                 if events is not None and events.num_rows:
                     con.register("_ra_events", events)
-                    con.execute("insert or ignore into raw_span_events by name select * from _ra_events")
+                    con.execute(self._events_insert(spans, new))
                     con.unregister("_ra_events")
                 if snapshots is not None and snapshots.num_rows:
                     con.register("_ra_snaps", snapshots)
@@ -215,6 +218,20 @@ class Store:
                     snapshots is not None and snapshots.num_rows):
                 self._dirty = True
             return int(new)
+
+    def _events_insert(self, spans: pa.Table | None, new: int) -> str:
+        """The statement storing ``_ra_events``. Events are deduplicated with their spans: when
+        every span of the call was new, so are their events (the collector always passes a
+        span's events with it); otherwise (a retried export, a spool replay, events alone) only
+        the events the table lacks are inserted, once each."""
+        if self._events_keyed:  # a store created with the events' primary key keeps it
+            return "insert or ignore into raw_span_events by name select * from _ra_events"
+        if spans is not None and new == spans.num_rows:
+            return "insert into raw_span_events by name select * from _ra_events"
+        return ("insert into raw_span_events by name "
+                "select distinct on (e.trace_id, e.span_id, e.event_index) e.* "
+                "from _ra_events as e anti join raw_span_events as s "
+                "using (trace_id, span_id, event_index)")
 
     def query_arrow(self, sql: str, params: Sequence[Any] | None = None,
                     variables: Mapping[str, float | str] | None = None) -> pa.Table:

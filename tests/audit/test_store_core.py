@@ -13,7 +13,7 @@ import audit
 from audit._errors import QueryError, ReadOnlyError, StoreError
 from audit._readonly import check_read_only
 from audit._store import Store
-from audit.schema import RAW_SPANS_SCHEMA
+from audit.schema import RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA, raw_ddl
 from collectors.otlp._decode import decode, parse_protobuf
 
 
@@ -35,6 +35,35 @@ def test_duplicates_are_stored_once_within_and_across_batches(store_path: Path) 
     store.close()  # closing twice is harmless
     rows = audit.open(store_path).query("select span_id from raw_spans order by span_id")
     assert rows["span_id"].to_list() == ["0000000000000001", "0000000000000002", "0000000000000003"]
+
+
+def _events(*keys: tuple[str, int]) -> pa.Table:
+    return pa.Table.from_pylist(
+        [dict(trace_id="ab" * 16, span_id=span_id, event_index=i, name="e", time_ns=1) for span_id, i in keys],
+        schema=RAW_SPAN_EVENTS_SCHEMA)
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["new store", "store with the events key"])
+def test_events_are_stored_once_with_their_spans(store_path: Path, keyed: bool) -> None:
+    """raw_span_events has no primary key (it halved ingest); its rows stay unique all the same:
+    a retried export's events, a group holding one export twice, and events sent again without
+    their span are each stored once. A store created with the old key keeps it and its rule."""
+    if keyed:  # the DDL before the key was dropped
+        con = duckdb.connect(str(store_path))
+        con.execute(raw_ddl("raw_span_events").replace(
+            "c_dp_rank BIGINT\n", "c_dp_rank BIGINT,\n    primary key (trace_id, span_id, event_index)\n"))
+        con.close()
+    a, b, c = "000000000000000a", "000000000000000b", "000000000000000c"
+    store = Store(store_path)
+    assert store._events_keyed is keyed
+    assert store.append(_spans(a, b), _events((a, 0), (a, 1), (b, 0))) == 2
+    # the same export again, merged with a new one in one group (as the writer does)
+    assert store.append(_spans(a, b, c, c), _events((a, 0), (a, 1), (b, 0), (c, 0), (c, 0))) == 1
+    assert store.append(None, _events((b, 0), (c, 0), (c, 1))) == 0  # events alone
+    store.close()
+    rows = audit.open(store_path).query(
+        "select span_id, event_index from raw_span_events order by all").rows()
+    assert rows == [(a, 0), (a, 1), (b, 0), (c, 0), (c, 1)]
 
 
 def test_committed_rows_survive_without_close(store_path: Path, tmp_path: Path) -> None:
