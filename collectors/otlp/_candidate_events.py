@@ -4,9 +4,11 @@ A decision span may carry its candidates in one JSON string attribute
 (:data:`audit.semconv.DECISION_CANDIDATES`, the recorder's default) instead of one
 :data:`audit.semconv.EVENT_CANDIDATE` span event per candidate. The store keeps the attribute
 verbatim and also writes one ``raw_span_events`` row per candidate, exactly as if the events had
-been sent, so the SQL reads one form. Expanding here costs one ``orjson.loads`` per decision;
-expanding in SQL (``from_json`` + ``unnest``) cost about 16 µs per decision at analysis time,
-which is most of the analysis budget at a million requests.
+been sent, so the SQL reads one form. The C extension expands the plain texts (strict JSON,
+values of their columns' exact kinds) without the GIL; every other batch takes the Python
+expansion (``orjson.loads``, one Arrow struct conversion), the reference the C code is tested
+against. Expanding in SQL (``from_json`` + ``unnest``) cost about 16 µs per decision at
+analysis time, most of the analysis budget at a million requests.
 
 The rows get event indexes after the span's real events (``event_count + i``), so a retried
 export produces the same keys and is stored once. Their ``attributes`` column is NULL: the
