@@ -189,7 +189,10 @@ class Store:
         """Insert in one transaction and commit; return the number of new spans.
 
         Spans already stored (same trace_id, span_id) and their events are ignored, so a retried
-        export is stored once. When this returns, the rows survive a crash (WAL synced on commit).
+        export is stored once. Events are deduplicated with their spans (``raw_span_events`` has
+        no key): pass a span's events in the call that passes the span, as the decoders give
+        them; events passed without their span are stored where the table lacks them. When this
+        returns, the rows survive a crash (WAL synced on commit).
         """
         with self._lock:
             con = self._con
@@ -220,10 +223,10 @@ class Store:
             return int(new)
 
     def _events_insert(self, spans: pa.Table | None, new: int) -> str:
-        """The statement storing ``_ra_events``. Events are deduplicated with their spans: when
-        every span of the call was new, so are their events (the collector always passes a
-        span's events with it); otherwise (a retried export, a spool replay, events alone) only
-        the events the table lacks are inserted, once each."""
+        """The statement storing ``_ra_events``. When every span of the call was new, so are
+        their events (the usual case: a plain insert; an exact check cost ingest 7-10 %, A/B);
+        otherwise (a retried export, a spool replay, events alone) only the events the table
+        lacks are inserted, once each."""
         if self._events_keyed:  # a store created with the events' primary key keeps it
             return "insert or ignore into raw_span_events by name select * from _ra_events"
         if spans is not None and new == spans.num_rows:
