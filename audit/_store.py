@@ -229,7 +229,7 @@ class Store:
         lacks are inserted, once each."""
         if self._events_keyed:  # a store created with the events' primary key keeps it
             return "insert or ignore into raw_span_events by name select * from _ra_events"
-        if spans is not None and new == spans.num_rows:
+        if spans is not None and spans.num_rows and new == spans.num_rows:
             return "insert into raw_span_events by name select * from _ra_events"
         return ("insert into raw_span_events by name "
                 "select distinct on (e.trace_id, e.span_id, e.event_index) e.* "

@@ -1894,6 +1894,9 @@ static const uint8_t *j_lit(const uint8_t *p, const uint8_t *end, const char *li
     return (size_t)(end - p) >= n && memcmp(p, lit, n) == 0 ? p + n : NULL;
 }
 
+static int j_int(const uint8_t *p, const uint8_t *q, int64_t *out);
+static int j_dbl(const uint8_t *p, const uint8_t *q, double *out);
+
 /* Skip one JSON value (validating it); NULL when it is not strict JSON or nests too deep. */
 static const uint8_t *j_skip(D *d, const uint8_t *p, const uint8_t *end, int depth) {
     int esc, isint;
@@ -1924,7 +1927,15 @@ static const uint8_t *j_skip(D *d, const uint8_t *p, const uint8_t *end, int dep
             if (p < end && *p == ',') { p = j_ws(p + 1, end); continue; }
             return p < end && *p == ']' ? p + 1 : NULL;
         }
-    default: return j_num(p, end, &isint);
+    default: {
+        /* a number orjson would refuse (a huge integer, a double overflowing) makes the text
+           non-strict for Python: leave it to Python even under a key nobody reads */
+        const uint8_t *q = j_num(p, end, &isint);
+        int64_t iv;
+        double dv;
+        if (q && !(isint ? j_int(p, q, &iv) : j_dbl(p, q, &dv))) return NULL;
+        return q;
+    }
     }
 }
 

@@ -60,6 +60,7 @@ def test_events_are_stored_once_with_their_spans(store_path: Path, keyed: bool) 
     # the same export again, merged with a new one in one group (as the writer does)
     assert store.append(_spans(a, b, c, c), _events((a, 0), (a, 1), (b, 0), (c, 0), (c, 0))) == 1
     assert store.append(None, _events((b, 0), (c, 0), (c, 1))) == 0  # events alone
+    assert store.append(_spans(), _events((b, 0), (c, 1))) == 0  # with an empty spans table
     store.close()
     rows = audit.open(store_path).query(
         "select span_id, event_index from raw_span_events order by all").rows()
