@@ -97,8 +97,7 @@ def _expand_native(picked: pa.Table) -> tuple[pa.Table | None, int] | None:
     _validity, offsets, data = text.buffers()
     typed = _short_typed()
     keys = [(short.encode(), _KIND_OF_TYPE.get(typ, 4)) for short, (_col, typ) in typed.items()]
-    # a list or other type, no key, or more keys than the C code holds: only Python converts it
-    if not keys or len(keys) > 64 or any(kind > 3 for _key, kind in keys):
+    if any(kind > 3 for _key, kind in keys):  # a list or other type: only Python converts it
         return None
     out = _native.expand_candidates(offsets, b"" if data is None else data, text.offset, len(text),
                                     keys, MAX_CANDIDATES)

@@ -253,7 +253,9 @@ def _coerce(value: Any, typ: str) -> Any:
                 return int(value) if math.isfinite(value) and abs(value) < 2**62 else None
             if isinstance(value, str):
                 s = value.strip()
-                return int(float(s)) if "." in s or "e" in s.lower() else int(s)
+                number = _coerce(float(s), typ) if "." in s or "e" in s.lower() else int(s)
+                # out of int64 ("1E100", 20 digits) is NULL, as for a number; Arrow refused the batch
+                return number if number is None or -(2**63) <= number < 2**63 else None
             return None
         if typ == "DOUBLE":
             if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -2165,8 +2165,13 @@ static PyObject *native_expand_candidates(PyObject *self, PyObject *args) {
         result = PyErr_NoMemory();
         goto out;
     }
-    if (off < 0 || n < 0 || (size_t)offs.len < (size_t)(off + n + 1) * 4 || nk > CJ_MAX_KEYS) {
-        PyErr_SetString(PyExc_ValueError, "expand_candidates: bad buffers or too many keys");
+    if (off < 0 || n < 0 || (size_t)offs.len < (size_t)(off + n + 1) * 4) {
+        PyErr_SetString(PyExc_ValueError, "expand_candidates: bad buffers");
+        goto out;
+    }
+    if (nk == 0 || nk > CJ_MAX_KEYS) { /* rows are counted per key cell: leave these to Python */
+        Py_INCREF(Py_None);
+        result = Py_None;
         goto out;
     }
     x->d = d;
