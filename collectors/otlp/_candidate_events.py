@@ -11,13 +11,21 @@ against. Expanding in SQL (``from_json`` + ``unnest``) cost about 16 µs per dec
 analysis time, most of the analysis budget at a million requests.
 
 The rows get event indexes after the span's real events (``event_count + i``), so a retried
-export produces the same keys and is stored once. Their ``attributes`` column is NULL: the
-verbatim JSON is the span's attribute; the rows carry the typed ``c_*`` facts.
+export produces the same keys and is stored once. Their ``attributes`` column is NULL: the rows
+carry the typed ``c_*`` facts.
+
+The text is stored once. The decoders leave it out of the span's ``attributes`` JSON (it cost
+ingest a fifth of its speed to write it twice) and put it in the typed column
+``a_decision_candidates``, which :func:`expand` empties where the rows hold all of it: an array
+of objects, at most :data:`MAX_CANDIDATES`, every key one a column takes, every value of its
+column's kind. Any other text (malformed, empty, longer, a key no column takes, a value the
+expansion converts, e.g. ``"3"`` for a count) stays verbatim there.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Final
 
 import orjson
@@ -33,7 +41,7 @@ except ImportError:  # pragma: no cover - depends on the build
     _native = None
 
 MAX_CANDIDATES: Final = 4096
-"""Candidates expanded per decision at most; more are ignored (the attribute keeps them all)."""
+"""Candidates expanded per decision at most; the text of a decision with more is kept verbatim."""
 
 _COLUMN: Final = semconv.TYPED_SPAN_ATTRIBUTES[semconv.DECISION_CANDIDATES][0]
 
@@ -51,9 +59,8 @@ def expand(spans: pa.Table, events: pa.Table, *, native: bool = True
     carries the JSON attribute, and the number of attributes that were not a JSON array of
     objects (kept verbatim and expanded to nothing).
 
-    The typed copy of the attribute is emptied in the returned spans once expanded: the text
-    stays in the span's ``attributes`` JSON, and a second copy cost 1.2 GB per million
-    decisions on disk.
+    In the returned spans the typed column of the attribute keeps only the texts that the rows
+    do not hold whole (the module docstring says which); the others are NULL.
 
     ``native``: use the C expansion where it applies (the default; ``False`` runs the Python
     reference alone, which the tests compare it with)."""
@@ -66,10 +73,12 @@ def expand(spans: pa.Table, events: pa.Table, *, native: bool = True
     mask = column.is_valid()
     picked = spans.select(
         ["trace_id", "span_id", "event_count", "start_ns", "a_decision_time_ns", _COLUMN]).filter(mask)
-    spans = spans.set_column(spans.schema.get_field_index(_COLUMN), spans.schema.field(_COLUMN),
-                             pa.nulls(spans.num_rows, column.type))
     done = _expand_native(picked) if native else None
-    extra, malformed = done if done is not None else _expand_python(picked)
+    extra, malformed, keep = done if done is not None else _expand_python(picked)
+    text = column.combine_chunks()
+    kept = pc.replace_with_mask(pa.array([False] * spans.num_rows), text.is_valid(), keep)
+    spans = spans.set_column(spans.schema.get_field_index(_COLUMN), spans.schema.field(_COLUMN),
+                             pc.if_else(kept, text, pa.scalar(None, column.type)))
     if extra is None:
         return spans, events, malformed
     return spans, (pa.concat_tables([events, extra]) if events.num_rows else extra), malformed
@@ -86,9 +95,10 @@ def _rows(cols: dict[str, Any], typed_cols: dict[str, Any], n: int) -> pa.Table:
     return pa.Table.from_pydict(arrays, schema=RAW_SPAN_EVENTS_SCHEMA)
 
 
-def _expand_native(picked: pa.Table) -> tuple[pa.Table | None, int] | None:
-    """The candidate rows by the C expansion (no Python object per value, without the GIL), and
-    the malformed count; None when it is not built or leaves the batch to Python."""
+def _expand_native(picked: pa.Table) -> tuple[pa.Table | None, int, pa.Array] | None:
+    """The candidate rows by the C expansion (no Python object per value, without the GIL), the
+    malformed count and which texts to keep; None when it is not built or leaves the batch to
+    Python."""
     from collectors.otlp._decode import _KIND_OF_TYPE, _arrow  # noqa: PLC0415 - import cycle
 
     if _native is None:
@@ -103,9 +113,11 @@ def _expand_native(picked: pa.Table) -> tuple[pa.Table | None, int] | None:
                                     keys, MAX_CANDIDATES)
     if out is None:
         return None
-    rows, index, n, malformed, specs = out
+    rows, index, n, malformed, specs, keep_bytes = out
+    keep = pc.cast(pa.Array.from_buffers(pa.uint8(), len(text), [None, pa.py_buffer(keep_bytes)]),
+                   pa.bool_())
     if n == 0:
-        return None, malformed
+        return None, malformed, keep
     take = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(rows)])
     position = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(index)])
     cols = {
@@ -115,43 +127,78 @@ def _expand_native(picked: pa.Table) -> tuple[pa.Table | None, int] | None:
         "time_ns": pc.coalesce(picked.column("a_decision_time_ns"), picked.column("start_ns")).take(take),
     }
     typed_cols = {col: _arrow(spec) for (col, _typ), spec in zip(typed.values(), specs, strict=True)}
-    return _rows(cols, typed_cols, n), malformed
+    return _rows(cols, typed_cols, n), malformed, keep
 
 
-def _expand_python(picked: pa.Table) -> tuple[pa.Table | None, int]:
+def _expand_python(picked: pa.Table) -> tuple[pa.Table | None, int, pa.Array]:
     """The reference expansion: orjson, then one Arrow struct conversion (or, for values of
-    other types, the decoder's coercion value by value)."""
+    other types, the decoder's coercion value by value); the malformed count and which texts
+    to keep."""
     from collectors.otlp._decode import _typed_columns  # noqa: PLC0415 - avoids an import cycle
 
     rows: list[tuple[str, str, int, int]] = []
     dicts: list[dict[str, Any]] = []
+    keep: list[bool] = []
     malformed = 0
     strict = True  # every attribute was strict JSON (no NaN / Infinity)
+    typed = _short_typed()
     for trace_id, span_id, event_count, start_ns, decided_ns, text in zip(
             *(picked.column(i).to_pylist() for i in range(picked.num_columns)), strict=True):
         cands, was_strict = _parse(text)
         if cands is None:
             malformed += 1
+            keep.append(True)
             continue
         strict = strict and was_strict
+        keep.append(not cands or len(cands) > MAX_CANDIDATES
+                    or not all(_held_whole(cand, typed) for cand in cands))
         at = decided_ns if decided_ns is not None else start_ns
         for i, cand in enumerate(cands[:MAX_CANDIDATES]):
             rows.append((trace_id, span_id, (event_count or 0) + i, at))
             dicts.append(cand)
     if not rows:
-        return None, malformed
+        return None, malformed, pa.array(keep, pa.bool_())
     cols: dict[str, Any] = {
         "trace_id": [r[0] for r in rows],
         "span_id": [r[1] for r in rows],
         "event_index": [r[2] for r in rows],
         "time_ns": [r[3] for r in rows],
     }
-    typed = _short_typed()
     facts = _fast_facts(dicts, typed) if strict else None
     if facts is None:  # the decoder's own coercion, value by value (non-finite numbers become NULL)
         facts = {}
         _typed_columns(facts, dicts, typed)
-    return _rows(cols, facts, len(rows)), malformed
+    return _rows(cols, facts, len(rows)), malformed, pa.array(keep, pa.bool_())
+
+
+_EXACT: Final = 2 ** 53
+"""Integers up to this size are exact as doubles."""
+
+
+def _held_whole(cand: dict[str, Any], typed: dict[str, tuple[str, str]]) -> bool:
+    """Whether the typed columns hold this candidate object whole: every key one a column
+    takes, every value null or of its column's kind (an integer where a double goes, exact).
+    The C expansion takes exactly these objects (and leaves the others' batches to Python)."""
+    for key, value in cand.items():
+        spec = typed.get(key)
+        if spec is None:
+            return False
+        if value is None:
+            continue
+        typ, kind = spec[1], type(value)
+        if typ == "VARCHAR":
+            ok = kind is str
+        elif typ == "BOOLEAN":
+            ok = kind is bool
+        elif typ == "BIGINT":
+            ok = kind is int and -2 ** 63 <= value < 2 ** 63
+        elif typ == "DOUBLE":
+            ok = (kind is float and math.isfinite(value)) or (kind is int and -_EXACT <= value <= _EXACT)
+        else:
+            ok = False
+        if not ok:
+            return False
+    return True
 
 
 def _fast_facts(dicts: list[dict[str, Any]], typed: dict[str, tuple[str, str]]

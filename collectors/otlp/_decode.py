@@ -43,6 +43,19 @@ MAX_STRING_LEN = 16_384
 MAX_SPAN_ATTR_BYTES = 256 * 1024
 """A span whose attributes and events encode to more than this is rejected."""
 
+_APART: Final = semconv.DECISION_CANDIDATES
+"""The span attribute whose string value is left out of ``raw_spans.attributes``: it is stored
+as candidate rows in ``raw_span_events`` and, where those do not hold all of it, verbatim in its
+typed column (:func:`collectors.otlp._candidate_events.expand`). The text was a decision span's
+largest attribute, and writing it twice cost ingest a fifth of its speed. Its limit is
+:data:`MAX_APART_LEN`, not :data:`MAX_STRING_LEN`, and it does not count towards
+:data:`MAX_SPAN_ATTR_BYTES`: 16,384 characters hold only about 50 candidates, and a truncated
+text is malformed, so a decision over a larger fleet lost all its candidates."""
+
+MAX_APART_LEN = 2 * 1024 * 1024
+"""Longest candidates text kept whole (characters): 4,096 candidates of the recorder's encoding
+(:data:`collectors.otlp._candidate_events.MAX_CANDIDATES`) are about 1.4 million."""
+
 
 class PayloadError(ValueError):
     """The request body could not be decoded at all (answered 400)."""
@@ -203,8 +216,9 @@ class _ValueConverter:
             return base64.b64encode(v.bytes_value[:MAX_STRING_LEN]).decode("ascii")
         return None
 
-    def attrs(self, kvs: Any) -> dict[str, Any]:
-        """One attribute list → dict. The hot path of the decoder: scalars are inlined."""
+    def attrs(self, kvs: Any, span: bool = False) -> dict[str, Any]:
+        """One attribute list → dict. The hot path of the decoder: scalars are inlined.
+        ``span``: a span's own attributes, where :data:`_APART` has its own string limit."""
         out: dict[str, Any] = {}
         sensitive = _SENSITIVE_CACHE
         keep = self.keep_prompts
@@ -222,8 +236,10 @@ class _ValueConverter:
             if which == "string_value":
                 s = v.string_value
                 if len(s) > MAX_STRING_LEN:
-                    self.truncated += 1
-                    s = s[:MAX_STRING_LEN]
+                    limit = MAX_APART_LEN if span and key == _APART else MAX_STRING_LEN
+                    if len(s) > limit:
+                        self.truncated += 1
+                        s = s[:limit]
                 out[key] = s
             elif which == "int_value":
                 out[key] = v.int_value
@@ -376,7 +392,7 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
                     rejected.append(f"span {sid.hex() or '?'} ({sp.name[:60]!r}): {problem}")
                     continue
                 try:
-                    attrs = attrs_of(sp.attributes)
+                    attrs = attrs_of(sp.attributes, True)
                     events = [(ev.name, ev.time_unix_nano, attrs_of(ev.attributes))
                               for ev in sp.events] if len(sp.events) else ()
                     links = [
@@ -391,8 +407,12 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
                 except _TooDeep as exc:
                     rejected.append(f"span {sid.hex() or '?'} ({sp.name[:60]!r}): {exc}")
                     continue
-                attrs_json = encode(attrs)
-                size = len(attrs_json)
+                if type(attrs.get(_APART)) is str:  # stored once: as rows, or in its typed column
+                    attrs_json = encode({k: v for k, v in attrs.items() if k != _APART})
+                    size = len(attrs_json)
+                else:
+                    attrs_json = encode(attrs)
+                    size = len(attrs_json)
                 if events:
                     ev_jsons = [encode(a) for _, _, a in events]
                     for e in ev_jsons:
@@ -488,7 +508,7 @@ _native_cfg: _NativeConfig | None = None
 def _snapshot() -> tuple[Any, ...]:
     return (dict(semconv.TYPED_SPAN_ATTRIBUTES), dict(semconv.TYPED_RESOURCE_ATTRIBUTES),
             dict(semconv.TYPED_EVENT_ATTRIBUTES), frozenset(PROMPT_KEYS), tuple(PROMPT_KEY_PREFIXES),
-            MAX_STRING_LEN, MAX_SPAN_ATTR_BYTES, _MIN_NS, _MAX_NS)
+            MAX_STRING_LEN, MAX_APART_LEN, MAX_SPAN_ATTR_BYTES, _MIN_NS, _MAX_NS)
 
 
 def _native_config() -> _NativeConfig:
@@ -500,12 +520,12 @@ def _native_config() -> _NativeConfig:
         if (snap[0] == semconv.TYPED_SPAN_ATTRIBUTES and snap[1] == semconv.TYPED_RESOURCE_ATTRIBUTES
                 and snap[2] == semconv.TYPED_EVENT_ATTRIBUTES and snap[3] == PROMPT_KEYS
                 and snap[4] == tuple(PROMPT_KEY_PREFIXES)
-                and snap[5:] == (MAX_STRING_LEN, MAX_SPAN_ATTR_BYTES, _MIN_NS, _MAX_NS)):
+                and snap[5:] == (MAX_STRING_LEN, MAX_APART_LEN, MAX_SPAN_ATTR_BYTES, _MIN_NS, _MAX_NS)):
             return cfg
     snap = _snapshot()
     items = tuple(tuple(d.items()) for d in snap[:3])
     typed = tuple([(key, _KIND_OF_TYPE.get(typ, 4)) for key, (_col, typ) in its] for its in items)
-    capsule = _native.make_config(typed, sorted(snap[3]), list(snap[4]), *snap[5:])
+    capsule = _native.make_config(typed, sorted(snap[3]), list(snap[4]), [_APART], *snap[5:])
     cfg = _NativeConfig(snap, capsule, items[0], items[1], items[2])
     _native_cfg = cfg
     return cfg

@@ -67,6 +67,8 @@ class Exporter:
     def _submit(self, batch: DecodedBatch) -> concurrent.futures.Future[None] | None:
         self._metrics.inc("spans_rejected", _rejected(batch))
         self._metrics.inc("values_truncated", batch.truncated_values)
+        if batch.candidate_json_malformed:
+            self._metrics.inc("candidate_texts_malformed", batch.candidate_json_malformed)
         if batch.prompt_values_dropped:
             self._metrics.inc("prompt_values_dropped", batch.prompt_values_dropped)
         if not batch.accepted:

@@ -29,6 +29,8 @@ _COUNTERS = {
     "spans_new": "Spans newly stored (committed minus duplicates)",
     "spans_duplicate": "Spans already stored (retried exports), ignored on insert",
     "values_truncated": "Attribute strings truncated by the decoder",
+    "candidate_texts_malformed": "Decision candidates attributes that are not a JSON array of objects "
+                                 "(stored verbatim in a_decision_candidates, no candidate rows)",
     "prompt_values_dropped": "Prompt/completion attribute values dropped by the decoder (privacy; keep_prompts=False)",
     "snapshots_written": "raw_snapshots rows committed",
     "snapshots_dropped": "Scrape results dropped because the queue was full",

@@ -33,6 +33,7 @@ typedef struct {
     uint64_t h;
     int col[3];
     int prompt;
+    int apart; /* a span attribute whose string value goes to its typed column only */
 } KEnt;
 
 typedef struct {
@@ -45,7 +46,7 @@ typedef struct {
     uint8_t **pfx;
     size_t *pfxlen;
     int npfx;
-    size_t max_str;
+    size_t max_str, max_apart_str;
     size_t max_span_bytes;
     uint64_t min_ns, max_ns;
 } Cfg;
@@ -115,13 +116,16 @@ static KEnt *cfg_intern(Cfg *c, const uint8_t *k, size_t kl) {
 }
 
 /* make_config(typed: tuple of 3 lists of (key: str, kind: int), prompt_keys: list[str],
- *             prompt_prefixes: list[str], max_str, max_span_bytes, min_ns, max_ns) */
+ *             prompt_prefixes: list[str], apart_keys: list[str], max_str, max_apart_str,
+ *             max_span_bytes, min_ns, max_ns). apart_keys: typed span keys whose string values
+ *             stay out of the attributes JSON (stored apart): truncated at max_apart_str code
+ *             points instead of max_str, and not counted in max_span_bytes. */
 static PyObject *make_config(PyObject *self, PyObject *args) {
-    PyObject *typed, *pkeys, *pfx;
-    Py_ssize_t max_str, max_span;
+    PyObject *typed, *pkeys, *pfx, *apart;
+    Py_ssize_t max_str, max_apart, max_span;
     unsigned long long min_ns, max_ns;
-    if (!PyArg_ParseTuple(args, "O!O!O!nnKK", &PyTuple_Type, &typed, &PyList_Type, &pkeys, &PyList_Type,
-                          &pfx, &max_str, &max_span, &min_ns, &max_ns))
+    if (!PyArg_ParseTuple(args, "O!O!O!O!nnnKK", &PyTuple_Type, &typed, &PyList_Type, &pkeys, &PyList_Type,
+                          &pfx, &PyList_Type, &apart, &max_str, &max_apart, &max_span, &min_ns, &max_ns))
         return NULL;
     if (PyTuple_GET_SIZE(typed) != 3) {
         PyErr_SetString(PyExc_ValueError, "typed must hold 3 lists");
@@ -190,6 +194,20 @@ static PyObject *make_config(PyObject *self, PyObject *args) {
         }
         e->prompt = 1;
     }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(apart); i++) {
+        Py_ssize_t kl;
+        const char *k = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(apart, i), &kl);
+        if (!k) {
+            cfg_free(c);
+            return NULL;
+        }
+        KEnt *e = cfg_intern(c, (const uint8_t *)k, (size_t)kl);
+        if (!e) {
+            cfg_free(c);
+            return PyErr_NoMemory();
+        }
+        e->apart = 1;
+    }
     Py_ssize_t np = PyList_GET_SIZE(pfx);
     c->pfx = calloc(np ? np : 1, sizeof(uint8_t *));
     c->pfxlen = calloc(np ? np : 1, sizeof(size_t));
@@ -214,6 +232,7 @@ static PyObject *make_config(PyObject *self, PyObject *args) {
         c->npfx = (int)i + 1;
     }
     c->max_str = (size_t)max_str;
+    c->max_apart_str = (size_t)max_apart;
     c->max_span_bytes = (size_t)max_span;
     c->min_ns = min_ns;
     c->max_ns = max_ns;
@@ -293,6 +312,7 @@ typedef struct {
     int keep;
     int64_t received_ns;
     int64_t truncated, prompts;
+    size_t max_str; /* the string limit of the value being read (cfg's max_str or max_apart_str) */
     Col sc[NSC], ec[NEC];
     CellVec *tc[3];
     Buf resjson, sjson, ejson, ljson, scratch;
@@ -323,6 +343,7 @@ static inline void reserve(D *d, Buf *b, size_t extra) {
     if (b->len + extra > b->cap) grow(d, (void **)&b->p, &b->cap, b->len + extra, 1);
 }
 static inline void put(D *d, Buf *b, const void *s, size_t n) {
+    if (!n) return; /* an empty value may come with a NULL buffer: memcpy(NULL, 0) is undefined */
     reserve(d, b, n);
     memcpy(b->p + b->len, s, n);
     b->len += n;
@@ -797,9 +818,9 @@ static void any_value(D *d, Buf *out, int ascii, const uint8_t *p, const uint8_t
     case 0: PUTS(d, out, "null"); break;
     case 1: {
         size_t cp = utf8_check(d, s, l);
-        if (cp > d->cfg->max_str) {
+        if (cp > d->max_str) {
             d->truncated++;
-            l = utf8_prefix(s, l, d->cfg->max_str);
+            l = utf8_prefix(s, l, d->max_str);
         }
         emit_str(d, out, s, l, ascii);
         c->kind = V_STR;
@@ -833,6 +854,7 @@ static void any_value(D *d, Buf *out, int ascii, const uint8_t *p, const uint8_t
     case 5: {
         const uint8_t *q = s, *qe = s + l;
         int first = 1;
+        d->max_str = d->cfg->max_str; /* only a string value of an apart key has the larger limit */
         putc_(d, out, '[');
         while (q < qe) {
             uint32_t fn;
@@ -916,14 +938,23 @@ static void al_kv(D *d, AL *al, const uint8_t *p, const uint8_t *end) {
     kh->h = h;
     kh->p = k;
     kh->len = kl;
+    size_t mark = al->out->len;
+    int count = al->count;
+    int apart = e && e->apart && al->ctx == CTX_SPAN;
     if (al->count++) PUTS(d, al->out, ", ");
     else putc_(d, al->out, '{');
     emit_str(d, al->out, k, kl, al->ascii);
     PUTS(d, al->out, ": ");
     Cell c;
     memset(&c, 0, sizeof c);
+    if (apart) d->max_str = cfg->max_apart_str;
     if (have_v) any_value(d, al->out, al->ascii, v, v + vl, &c, 0);
     else PUTS(d, al->out, "null");
+    d->max_str = cfg->max_str;
+    if (apart && c.kind == V_STR) { /* its typed column holds it, not the JSON */
+        al->out->len = mark;
+        al->count = count;
+    }
     if (e && al->ctx < 3 && e->col[al->ctx] >= 0) stage(d, al->ctx, e->col[al->ctx], al->ev, &c);
 }
 
@@ -1661,6 +1692,7 @@ static PyObject *native_decode(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     }
     d->cfg = cfg;
+    d->max_str = cfg->max_str;
     d->keep = keep;
     d->received_ns = received;
     PyObject *result = NULL;
@@ -1766,10 +1798,11 @@ typedef struct {
     size_t kl[CJ_MAX_KEYS];
     int kind[CJ_MAX_KEYS];
     Col col[CJ_MAX_KEYS];
-    Buf rows, idx, scratch, keybuf;
+    Buf rows, idx, scratch, keybuf, keep;
     CCell *cells;
     size_t ncells, capcells;
     int64_t max_cands, malformed;
+    int unknown; /* the text being read has a key no column takes */
 } CX;
 
 static inline const uint8_t *j_ws(const uint8_t *p, const uint8_t *end) {
@@ -2071,8 +2104,10 @@ static const uint8_t *cj_object(CX *x, CCell *cells, const uint8_t *p, const uin
         p = j_ws(q, end);
         if (p >= end || *p != ':') return NULL;
         p = j_ws(p + 1, end);
-        if (k < 0) p = j_skip(x->d, p, end, 2);
-        else {
+        if (k < 0) {
+            x->unknown = 1;
+            p = j_skip(x->d, p, end, 2);
+        } else {
             memset(&cells[k], 0, sizeof(CCell));
             p = cj_value(x, &cells[k], x->kind[k], p, end);
         }
@@ -2083,20 +2118,29 @@ static const uint8_t *cj_object(CX *x, CCell *cells, const uint8_t *p, const uin
     }
 }
 
-/* One text: its candidates' cells staged, then committed to the columns; 0: to Python. */
+/* One text: its candidates' cells staged, then committed to the columns, and whether the text
+ * must be kept (keep: one byte per text): unless its rows hold all of it, i.e. when it is
+ * malformed, empty, has more than max_cands elements or a key no column takes. 0: to Python. */
 static int cj_text(CX *x, int32_t row, const uint8_t *p, const uint8_t *end) {
     int notobj = 0;
     int64_t n = 0;
+    uint8_t keep = 1;
     x->ncells = 0;
     x->scratch.len = 0;
+    x->unknown = 0;
     p = j_ws(p, end);
     if (p >= end || *p != '[') {
         if (!(p = j_skip(x->d, p, end, 0)) || j_ws(p, end) != end) return 0;
         x->malformed++;
+        putc_(x->d, &x->keep, keep);
         return 1;
     }
     p = j_ws(p + 1, end);
-    if (p < end && *p == ']') return j_ws(p + 1, end) == end;
+    if (p < end && *p == ']') {
+        if (j_ws(p + 1, end) != end) return 0;
+        putc_(x->d, &x->keep, keep);
+        return 1;
+    }
     for (;;) {
         if (p < end && *p == '{' && n < x->max_cands && !notobj) {
             size_t need = x->ncells + (size_t)x->nk;
@@ -2116,8 +2160,11 @@ static int cj_text(CX *x, int32_t row, const uint8_t *p, const uint8_t *end) {
     }
     if (notobj) {
         x->malformed++;
+        putc_(x->d, &x->keep, keep);
         return 1;
     }
+    keep = x->unknown || n > x->max_cands;
+    putc_(x->d, &x->keep, keep);
     size_t m = x->ncells / (size_t)(x->nk ? x->nk : 1);
     for (size_t i = 0; i < m; i++) {
         int64_t ci = (int64_t)i;
@@ -2144,13 +2191,15 @@ static void cx_free(CX *x) {
     free(x->idx.p);
     free(x->scratch.p);
     free(x->keybuf.p);
+    free(x->keep.p);
     free(x->cells);
 }
 
 /* expand_candidates(offsets, data, offset, n, keys, max_candidates) -> None | (rows, index, count,
- * malformed, [column spec per key]). offsets/data: the Arrow buffers of a string array without
+ * malformed, [column spec per key], keep). offsets/data: the Arrow buffers of a string array without
  * nulls (offset: the array's offset), keys: [(short key bytes, column kind)]. rows (int32) and
- * index (int64) give each candidate's text and position in it. */
+ * index (int64) give each candidate's text and position in it; keep (one byte per text) whether
+ * the text must be kept beside its rows (cj_text). */
 static PyObject *native_expand_candidates(PyObject *self, PyObject *args) {
     Py_buffer offs, data;
     Py_ssize_t off, n;
@@ -2225,11 +2274,13 @@ static PyObject *native_expand_candidates(PyObject *self, PyObject *args) {
         }
         PyList_SET_ITEM(specs, k, spec);
     }
-    PyObject *rows = bytes_of(&x->rows), *idx = bytes_of(&x->idx);
-    if (rows && idx)
-        result = Py_BuildValue("(OOnLO)", rows, idx, (Py_ssize_t)(x->rows.len / 4), (long long)x->malformed, specs);
+    PyObject *rows = bytes_of(&x->rows), *idx = bytes_of(&x->idx), *keep = bytes_of(&x->keep);
+    if (rows && idx && keep)
+        result = Py_BuildValue("(OOnLOO)", rows, idx, (Py_ssize_t)(x->rows.len / 4), (long long)x->malformed,
+                               specs, keep);
     Py_XDECREF(rows);
     Py_XDECREF(idx);
+    Py_XDECREF(keep);
     Py_DECREF(specs);
 out:
     if (x) cx_free(x);

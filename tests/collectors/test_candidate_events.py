@@ -68,10 +68,65 @@ def test_json_candidates_become_the_rows_events_would_give(via: str) -> None:
     assert got == want
     assert [r["c_replica"] for r in got] == ["http://a:8000", "b:9000", "c"]
     assert got[0]["c_dp_rank"] == 1 and got[1]["c_kv_usage"] is None
-    # the attribute itself is kept verbatim in the span's attributes (its typed copy emptied)
+    # the rows hold the text whole, so it is stored nowhere else: not in the span's attributes
+    # (which keep every other attribute), not in its typed column
     attrs = json.loads(from_json.spans.column("attributes")[0].as_py())
-    assert json.loads(attrs[sc.DECISION_CANDIDATES])[2]["replica"] == "c"
+    assert sc.DECISION_CANDIDATES not in attrs and attrs[sc.ROUTER_POLICY] == "qp_cost"
     assert from_json.spans.column("a_decision_candidates").null_count == 1
+
+
+_GOOD = '{"replica": "a", "waiting": 2, "kv_usage": 1, "score": 0.5, "chosen": true}'
+
+
+@pytest.mark.parametrize("text, kept", [
+    (f"[{_GOOD}]", False),
+    (f"[{_GOOD}, {_GOOD}]", False),
+    # the rows do not hold these whole: the text stays verbatim in the typed column
+    ("[]", True),                                                       # no rows at all
+    ('{"not": "a list"', True),                                         # malformed
+    ('[{"replica": "a"}, 3]', True),                                    # not all objects
+    ('[{"replica": "a", "zone": "eu-1"}]', True),                       # a key no column takes
+    ('[{"replica": "a", "waiting": "3"}]', True),                       # converted: "3" -> 3
+    ('[{"replica": "a", "kv_usage": NaN}]', True),                      # not JSON: NaN -> NULL
+    ('[{"replica": "a", "waiting": 9223372036854775808}]', True),       # over int64
+    ('[{"replica": "a", "score": 9007199254740993}]', True),            # not exact as a double
+])
+@pytest.mark.parametrize("native", [True, False])
+def test_the_text_is_kept_where_the_rows_do_not_hold_it_whole(text: str, kept: bool,
+                                                               native: bool) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from collectors.otlp import _candidate_events
+
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(_record("json"))
+    span = req.resource_spans[0].scope_spans[0].spans[0]
+    for kv in span.attributes:
+        if kv.key == sc.DECISION_CANDIDATES:
+            kv.value.string_value = text
+    for batch in (decode(req, time.time_ns()), decode_protobuf(req.SerializeToString(), time.time_ns())):
+        attrs = json.loads(batch.spans.column("attributes")[0].as_py())
+        assert sc.DECISION_CANDIDATES not in attrs  # never twice
+    # the expansion alone (C where it applies, or the Python reference), on the typed text
+    spans = batch.spans.set_column(batch.spans.schema.get_field_index("a_decision_candidates"),
+                                   "a_decision_candidates", pa.array([text], pa.string()))
+    out, events, _ = _candidate_events.expand(spans, batch.events.slice(0, 0), native=native)
+    assert out.column("a_decision_candidates")[0].as_py() == (text if kept else None)
+    assert events.num_rows == (0 if text == "[]" or "not" in text or ", 3]" in text else text.count("{"))
+
+
+def test_a_candidates_text_that_is_not_a_string_stays_in_the_attributes() -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(_record("json"))
+    span = req.resource_spans[0].scope_spans[0].spans[0]
+    for kv in span.attributes:
+        if kv.key == sc.DECISION_CANDIDATES:
+            kv.value.int_value = 7
+    for batch in (decode(req, time.time_ns()), decode_protobuf(req.SerializeToString(), time.time_ns())):
+        assert json.loads(batch.spans.column("attributes")[0].as_py())[sc.DECISION_CANDIDATES] == 7
+        assert batch.candidate_json_malformed == 1
 
 
 def test_malformed_candidates_attribute_is_kept_and_counted() -> None:
@@ -128,3 +183,41 @@ def test_candidate_values_are_coerced_like_event_attributes(text: str, want: dic
         (row,) = _candidate_rows(batch.events)
         assert {k: row[k] for k in want} == want
 
+
+
+def _wide_decision(n: int) -> bytes:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    rec = DecisionRecorder(policy="qp_cost", router_id="r1", tracer_provider=tp)
+    now = time.time_ns()
+    with rec.decide("req-wide", model="m", input_tokens=100) as d:
+        for i in range(n):
+            d.candidate(f"http://replica-{i}.pool.svc:8000", waiting=3, running=2, kv_usage=0.5,
+                        remaining_tokens=900, telemetry_ts_ns=now, pending=1,
+                        predicted_cached_tokens=64, est_queue_ms=12.5, est_prefill_ms=30.0, score=42.5)
+        d.choose("http://replica-7.pool.svc:8000", reason="least_load")
+    tp.shutdown()
+    return bytes(encode_spans(exporter.get_finished_spans()).SerializeToString())
+
+
+def test_a_decision_over_a_few_hundred_replicas_keeps_every_candidate() -> None:
+    # 300 candidates are ~90,000 characters: over the 16,384 other strings are cut at (a cut
+    # text is malformed: every candidate was lost), within the candidates' own limit
+    body = _wide_decision(300)
+    for batch in (decode(parse_protobuf(body), time.time_ns()), decode_protobuf(body, time.time_ns())):
+        assert batch.accepted == 1 and batch.truncated_values == 0
+        assert batch.candidate_json_malformed == 0
+        assert batch.events.num_rows == 300
+        assert batch.events.column("c_replica")[299].as_py() == "http://replica-299.pool.svc:8000"
+
+
+def test_a_candidates_text_over_its_limit_is_cut_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collectors.otlp import _decode
+
+    monkeypatch.setattr(_decode, "MAX_APART_LEN", 20_000)
+    body = _wide_decision(100)
+    for batch in (decode(parse_protobuf(body), time.time_ns()), decode_protobuf(body, time.time_ns())):
+        assert batch.accepted == 1 and batch.truncated_values == 1
+        assert batch.candidate_json_malformed == 1 and batch.events.num_rows == 0
+        assert len(batch.spans.column("a_decision_candidates")[0].as_py()) == 20_000

@@ -629,3 +629,27 @@ def test_config_as_the_command_line_builds_it(tmp_path: Path) -> None:
     assert cfg.validate() is cfg
     with pytest.raises(ConfigError, match="without a token"):
         cfg.with_changes(token=None).validate()
+
+
+def test_candidates_text_is_stored_once_and_a_malformed_one_is_counted(collector: Collector) -> None:
+    """Through a real collector: the candidates of a decision become rows and leave the span's
+    attributes JSON; a malformed text is kept verbatim in its typed column, and counted."""
+    good = '[{"replica": "a:8000", "waiting": 2, "chosen": true}, {"replica": "b:8000", "waiting": 0}]'
+    bad = '[{"replica": "a:8000"'
+    req = make_request(2, seed=23)
+    for span, text in zip(req.resource_spans[0].scope_spans[0].spans, (good, bad), strict=True):
+        span.name = "routeaudit.decision"
+        span.attributes.append(kv("routeaudit.decision.candidates", text))
+    assert post(collector, req.SerializeToString()).status_code == 200
+    got = rows(collector, "select a_request_id, a_decision_candidates, "
+               "json_extract_string(attributes, '$.\"routeaudit.decision.candidates\"'), "
+               "json_extract_string(attributes, '$.\"routeaudit.request.id\"') "
+               "from raw_spans order by a_request_id")
+    assert got == [("req-23-0", None, None, "req-23-0"), ("req-23-1", bad, None, "req-23-1")]
+    cands = rows(collector, "select c_replica, c_waiting from raw_span_events "
+                 "where name = 'routeaudit.candidate' order by event_index")
+    assert cands == [("a:8000", 2), ("b:8000", 0)]
+    h = httpx.get(collector.http_url + "/health").json()
+    assert h["counters"]["candidate_texts_malformed"] == 1
+    assert "routeaudit_collector_candidate_texts_malformed_total 1.0" in httpx.get(
+        collector.http_url + "/metrics").text
