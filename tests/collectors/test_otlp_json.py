@@ -1,0 +1,171 @@
+"""The OTLP/JSON fast path (``_otlp_json.build_request``) gives exactly what ``ParseDict`` gives.
+
+``parse_json`` takes the fast path for the documents SDKs send and protobuf's ``ParseDict`` (the
+reference) for any other; the fast path must never accept a document the reference refuses, and
+must build the same message byte for byte where it accepts one. Documents come from the real
+SDK and from hypothesis (well-formed ones, which must all take the fast path, and damaged ones).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from collectors.otlp._decode import PayloadError, _parse_dict, parse_json
+from collectors.otlp._otlp_json import build_request
+
+
+def _reference(doc: dict[str, Any]) -> bytes | None:
+    try:
+        return _parse_dict(copy.deepcopy(doc)).SerializeToString(deterministic=True)
+    except PayloadError:
+        return None
+
+
+def assert_same(doc: dict[str, Any]) -> bool:
+    """Equal where the fast path accepts; returns whether it did."""
+    fast = build_request(copy.deepcopy(doc))
+    if fast is None:
+        return False
+    ref = _reference(doc)
+    assert ref is not None, "the fast path accepted a document ParseDict refuses"
+    assert fast.SerializeToString(deterministic=True) == ref
+    return True
+
+
+def test_sdk_documents_take_the_fast_path() -> None:
+    """Real spans of the SDK (decision with candidates, events, links, status, every value type)
+    as the OTLP/JSON exporters write them."""
+    from google.protobuf import json_format
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import Link, StatusCode
+
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = tp.get_tracer("tests", "1.0")
+    with tracer.start_as_current_span("parent", attributes={"s": "x", "i": -3, "f": 0.25, "b": True,
+                                                             "ls": ["a", "b"], "li": [1, 2]}) as parent:
+        parent.add_event("ev", {"k": "v"})
+        with tracer.start_as_current_span("child", links=[Link(parent.get_span_context(), {"l": 1})]) as child:
+            child.set_status(StatusCode.ERROR, "boom")
+    tp.shutdown()
+    doc = json_format.MessageToDict(encode_spans(exporter.get_finished_spans()))
+    for rs in doc["resourceSpans"]:  # OTLP/JSON ids are hex (protobuf's mapping gives base64)
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in sp:
+                        sp[key] = base64.b64decode(sp[key]).hex()
+                for lk in sp.get("links", []):
+                    for key in ("traceId", "spanId"):
+                        lk[key] = base64.b64decode(lk[key]).hex()
+    assert assert_same(doc)
+    assert parse_json(json.dumps(doc).encode()).SerializeToString(deterministic=True) == _reference(doc)
+
+
+# -- generated documents -------------------------------------------------------------------------
+_TEXT = st.text(max_size=6)
+_INT64 = st.integers(-(2**63), 2**63 - 1)
+_NANOS = st.integers(0, 2**64 - 1)
+_U32 = st.integers(0, 2**32 - 1)
+
+
+def _either(ints: st.SearchStrategy[int]) -> st.SearchStrategy[int | str]:
+    return st.one_of(ints, ints.map(str))  # int64 may be a JSON number or a string
+
+
+_SCALAR = st.one_of(
+    st.builds(lambda v: {"stringValue": v}, _TEXT),
+    st.builds(lambda v: {"boolValue": v}, st.booleans()),
+    st.builds(lambda v: {"intValue": v}, _either(_INT64)),
+    st.builds(lambda v: {"doubleValue": v}, st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                                                      st.integers(-(2**53), 2**53))),
+    st.just({}),
+)
+_KV: Any = st.deferred(lambda: st.fixed_dictionaries({"key": _TEXT}, optional={"value": _ANY}))
+_ANY: Any = st.recursive(_SCALAR, lambda inner: st.one_of(
+    st.builds(lambda v: {"arrayValue": {"values": v}}, st.lists(inner, max_size=3)),
+    st.builds(lambda v: {"kvlistValue": {"values": v}}, st.lists(
+        st.fixed_dictionaries({"key": _TEXT}, optional={"value": inner}), max_size=3)),
+), max_leaves=6)
+_ATTRS = st.lists(_KV, max_size=3)
+_HEX = st.sampled_from([16, 8]).flatmap(lambda n: st.binary(min_size=n, max_size=n).map(bytes.hex))
+_EVENT = st.fixed_dictionaries({}, optional={
+    "timeUnixNano": _either(_NANOS), "name": _TEXT, "attributes": _ATTRS, "droppedAttributesCount": _U32})
+_LINK = st.fixed_dictionaries({"traceId": _HEX, "spanId": _HEX}, optional={
+    "traceState": _TEXT, "attributes": _ATTRS, "droppedAttributesCount": _U32, "flags": _U32})
+_STATUS = st.fixed_dictionaries({}, optional={
+    "message": _TEXT, "code": st.sampled_from([*Status.StatusCode.keys(), *Status.StatusCode.values()])})
+_SPAN = st.fixed_dictionaries({"traceId": _HEX, "spanId": _HEX}, optional={
+    "parentSpanId": _HEX, "traceState": _TEXT, "name": _TEXT,
+    "kind": st.sampled_from([*Span.SpanKind.keys(), *Span.SpanKind.values()]),
+    "startTimeUnixNano": _either(_NANOS), "endTimeUnixNano": _either(_NANOS), "attributes": _ATTRS,
+    "droppedAttributesCount": _U32, "events": st.lists(_EVENT, max_size=2), "droppedEventsCount": _U32,
+    "links": st.lists(_LINK, max_size=2), "droppedLinksCount": _U32, "status": _STATUS, "flags": _U32})
+_SCOPE = st.fixed_dictionaries({}, optional={
+    "name": _TEXT, "version": _TEXT, "attributes": _ATTRS, "droppedAttributesCount": _U32})
+_DOC = st.fixed_dictionaries({"resourceSpans": st.lists(st.fixed_dictionaries({}, optional={
+    "resource": st.fixed_dictionaries({}, optional={"attributes": _ATTRS, "droppedAttributesCount": _U32}),
+    "schemaUrl": _TEXT,
+    "scopeSpans": st.lists(st.fixed_dictionaries({}, optional={
+        "scope": _SCOPE, "schemaUrl": _TEXT, "spans": st.lists(_SPAN, max_size=3)}), max_size=2),
+}), max_size=2)})
+
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), _TEXT,
+                  st.sampled_from(["12", "-3", "1e3", " 7", "0x10", "NaN", "Infinity", "zz", "AQID"]),
+                  st.lists(st.integers(), max_size=2), st.dictionaries(_TEXT, st.integers(), max_size=2))
+
+
+def _slots(node: Any, out: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out.append((node, key))
+            _slots(value, out)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            out.append((node, i))
+            _slots(value, out)
+    return out
+
+
+@st.composite
+def _damaged(draw: Any) -> dict[str, Any]:
+    doc = draw(_DOC)
+    for _ in range(draw(st.integers(1, 3))):
+        slots = _slots(doc, [])
+        if not slots:
+            break
+        parent, key = draw(st.sampled_from(slots))
+        how = draw(st.integers(0, 3))
+        if how == 0 or isinstance(parent, list):
+            parent[key] = draw(_JUNK)  # a value of another type
+        elif how == 1:  # the snake_case spelling ParseDict also reads
+            parent[re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), key)] = parent.pop(key)
+        elif how == 2:
+            parent[draw(_TEXT)] = draw(_JUNK)  # an unknown key
+        else:
+            del parent[key]
+    return doc
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_DOC)
+def test_well_formed_documents_take_the_fast_path_and_equal_parse_dict(doc: dict[str, Any]) -> None:
+    assert assert_same(doc)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_damaged())
+def test_damaged_documents_never_differ_from_parse_dict(doc: dict[str, Any]) -> None:
+    assert_same(doc)
