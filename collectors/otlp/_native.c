@@ -115,6 +115,23 @@ static KEnt *cfg_intern(Cfg *c, const uint8_t *k, size_t kl) {
     return e;
 }
 
+/* Interns every key of the list (str) and marks it prompt (apart 0) or apart (1); 0: error set. */
+static int cfg_mark(Cfg *c, PyObject *keys, int apart) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        Py_ssize_t kl;
+        const char *k = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(keys, i), &kl);
+        if (!k) return 0;
+        KEnt *e = cfg_intern(c, (const uint8_t *)k, (size_t)kl);
+        if (!e) {
+            PyErr_NoMemory();
+            return 0;
+        }
+        if (apart) e->apart = 1;
+        else e->prompt = 1;
+    }
+    return 1;
+}
+
 /* make_config(typed: tuple of 3 lists of (key: str, kind: int), prompt_keys: list[str],
  *             prompt_prefixes: list[str], apart_keys: list[str], max_str, max_apart_str,
  *             max_span_bytes, min_ns, max_ns). apart_keys: typed span keys whose string values
@@ -180,33 +197,9 @@ static PyObject *make_config(PyObject *self, PyObject *args) {
             c->types[t][i] = kind;
         }
     }
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pkeys); i++) {
-        Py_ssize_t kl;
-        const char *k = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(pkeys, i), &kl);
-        if (!k) {
-            cfg_free(c);
-            return NULL;
-        }
-        KEnt *e = cfg_intern(c, (const uint8_t *)k, (size_t)kl);
-        if (!e) {
-            cfg_free(c);
-            return PyErr_NoMemory();
-        }
-        e->prompt = 1;
-    }
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(apart); i++) {
-        Py_ssize_t kl;
-        const char *k = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(apart, i), &kl);
-        if (!k) {
-            cfg_free(c);
-            return NULL;
-        }
-        KEnt *e = cfg_intern(c, (const uint8_t *)k, (size_t)kl);
-        if (!e) {
-            cfg_free(c);
-            return PyErr_NoMemory();
-        }
-        e->apart = 1;
+    if (!cfg_mark(c, pkeys, 0) || !cfg_mark(c, apart, 1)) {
+        cfg_free(c);
+        return NULL;
     }
     Py_ssize_t np = PyList_GET_SIZE(pfx);
     c->pfx = calloc(np ? np : 1, sizeof(uint8_t *));

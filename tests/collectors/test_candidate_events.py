@@ -41,6 +41,21 @@ def _record(encoding: str, request_id: str = "req-1") -> bytes:
     return bytes(encode_spans(exporter.get_finished_spans()).SerializeToString())
 
 
+def _with_candidates(value: str | int) -> Any:
+    """A recorded decision (JSON encoding) whose candidates attribute is ``value`` instead."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(_record("json"))
+    for kv in req.resource_spans[0].scope_spans[0].spans[0].attributes:
+        if kv.key == sc.DECISION_CANDIDATES:
+            if isinstance(value, str):
+                kv.value.string_value = value
+            else:
+                kv.value.int_value = value
+    return req
+
+
 def _candidate_rows(events: pa.Table) -> list[dict[str, Any]]:
     rows = events.filter(pa.compute.equal(events.column("name"), sc.EVENT_CANDIDATE))
     return rows.select(["event_index", "time_ns", *TYPED]).to_pylist()
@@ -94,16 +109,9 @@ _GOOD = '{"replica": "a", "waiting": 2, "kv_usage": 1, "score": 0.5, "chosen": t
 @pytest.mark.parametrize("native", [True, False])
 def test_the_text_is_kept_where_the_rows_do_not_hold_it_whole(text: str, kept: bool,
                                                                native: bool) -> None:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
     from collectors.otlp import _candidate_events
 
-    req = ExportTraceServiceRequest()
-    req.ParseFromString(_record("json"))
-    span = req.resource_spans[0].scope_spans[0].spans[0]
-    for kv in span.attributes:
-        if kv.key == sc.DECISION_CANDIDATES:
-            kv.value.string_value = text
+    req = _with_candidates(text)
     for batch in (decode(req, time.time_ns()), decode_protobuf(req.SerializeToString(), time.time_ns())):
         attrs = json.loads(batch.spans.column("attributes")[0].as_py())
         assert sc.DECISION_CANDIDATES not in attrs  # never twice
@@ -116,28 +124,14 @@ def test_the_text_is_kept_where_the_rows_do_not_hold_it_whole(text: str, kept: b
 
 
 def test_a_candidates_text_that_is_not_a_string_stays_in_the_attributes() -> None:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    req = ExportTraceServiceRequest()
-    req.ParseFromString(_record("json"))
-    span = req.resource_spans[0].scope_spans[0].spans[0]
-    for kv in span.attributes:
-        if kv.key == sc.DECISION_CANDIDATES:
-            kv.value.int_value = 7
+    req = _with_candidates(7)
     for batch in (decode(req, time.time_ns()), decode_protobuf(req.SerializeToString(), time.time_ns())):
         assert json.loads(batch.spans.column("attributes")[0].as_py())[sc.DECISION_CANDIDATES] == 7
         assert batch.candidate_json_malformed == 1
 
 
 def test_malformed_candidates_attribute_is_kept_and_counted() -> None:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    req = ExportTraceServiceRequest()
-    req.ParseFromString(_record("json"))
-    span = req.resource_spans[0].scope_spans[0].spans[0]
-    for kv in span.attributes:
-        if kv.key == sc.DECISION_CANDIDATES:
-            kv.value.string_value = '{"not": "a list"'
+    req = _with_candidates('{"not": "a list"')
     batch = decode(req, time.time_ns())
     assert batch.accepted == 1 and batch.candidate_json_malformed == 1
     assert _candidate_rows(batch.events) == []
@@ -171,14 +165,7 @@ def test_store_reads_json_candidates_like_events(tmp_path: Path) -> None:
      {"c_replica": "a", "c_kv_usage": None, "c_score": None}),
 ])
 def test_candidate_values_are_coerced_like_event_attributes(text: str, want: dict[str, Any]) -> None:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    req = ExportTraceServiceRequest()
-    req.ParseFromString(_record("json"))
-    span = req.resource_spans[0].scope_spans[0].spans[0]
-    for kv in span.attributes:
-        if kv.key == sc.DECISION_CANDIDATES:
-            kv.value.string_value = text
+    req = _with_candidates(text)
     for batch in (decode(req, time.time_ns()), decode_protobuf(req.SerializeToString(), time.time_ns())):
         (row,) = _candidate_rows(batch.events)
         assert {k: row[k] for k in want} == want
