@@ -183,6 +183,9 @@ class _ValueConverter:
         self.truncated = 0
         self.prompts_dropped = 0
         self.keep_prompts = keep_prompts
+        self.apart_string = False
+        """Whether the last span attributes read held :data:`_APART` as a string value (bytes,
+        which become a base64 string, stay in the attributes JSON)."""
 
     def convert(self, v: AnyValue, depth: int = 0) -> Any:
         which = v.WhichOneof("value")
@@ -228,6 +231,8 @@ class _ValueConverter:
         """One attribute list → dict. The hot path of the decoder: scalars are inlined.
         ``span``: a span's own attributes, where :data:`_APART` has its own string limit."""
         out: dict[str, Any] = {}
+        if span:
+            self.apart_string = False
         sensitive = _SENSITIVE_CACHE
         keep = self.keep_prompts
         for kv in kvs:
@@ -241,6 +246,8 @@ class _ValueConverter:
                     continue
             v = kv.value
             which = v.WhichOneof("value")
+            if span and key == _APART:  # the last of repeated keys counts, as in the dict
+                self.apart_string = which == "string_value"
             if which == "string_value":
                 s = v.string_value
                 if len(s) > MAX_STRING_LEN:
@@ -415,7 +422,7 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
                 except _TooDeep as exc:
                     rejected.append(f"span {sid.hex() or '?'} ({sp.name[:60]!r}): {exc}")
                     continue
-                if type(attrs.get(_APART)) is str:  # stored once: as rows, or in its typed column
+                if conv.apart_string:  # stored once: as rows, or in its typed column
                     attrs_json = encode({k: v for k, v in attrs.items() if k != _APART})
                     size = len(attrs_json)
                 else:

@@ -150,7 +150,7 @@ static PyObject *make_config(PyObject *self, PyObject *args) {
     }
     Cfg *c = calloc(1, sizeof(Cfg));
     if (!c) return PyErr_NoMemory();
-    size_t total = (size_t)PyList_GET_SIZE(pkeys);
+    size_t total = (size_t)PyList_GET_SIZE(pkeys) + (size_t)PyList_GET_SIZE(apart); /* entries at most */
     for (int t = 0; t < 3; t++) {
         PyObject *l = PyTuple_GET_ITEM(typed, t);
         if (!PyList_Check(l)) {

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
+from google.protobuf.message import Error as ProtobufError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import (
     AnyValue,
@@ -53,6 +54,11 @@ _STATUS: Final = frozenset({"message", "code"})
 _KV: Final = frozenset({"key", "value"})
 _VALUES: Final = frozenset({"values"})
 
+_MAX_DEPTH: Final = 8
+"""Nesting of array and kvlist values built here at most (the decoder's ``MAX_VALUE_DEPTH``);
+a deeper document goes to ``ParseDict``, which refuses what upb cannot hold, and the decoder
+rejects the span."""
+
 _I64: Final = 2 ** 63
 _U32: Final = 2 ** 32
 
@@ -63,7 +69,7 @@ def build_request(doc: dict[str, Any]) -> ExportTraceServiceRequest | None:
         _keys(doc, _DOC)
         return ExportTraceServiceRequest(
             resource_spans=[_resource_spans(rs) for rs in _list(doc, "resourceSpans")])
-    except (_Unknown, ValueError, TypeError, OverflowError):
+    except (_Unknown, ValueError, TypeError, OverflowError, ProtobufError):
         return None
 
 
@@ -111,19 +117,19 @@ def _id(obj: dict[str, Any], key: str) -> bytes:
     return bytes.fromhex(value)  # ValueError: not hex; ParseDict's path says so
 
 
-def _attrs(obj: dict[str, Any]) -> list[KeyValue]:
+def _attrs(obj: dict[str, Any], depth: int = 0) -> list[KeyValue]:
     out = []
     for kv in _list(obj, "attributes"):
         _keys(kv, _KV)
         if "value" in kv:
-            out.append(KeyValue(key=_str(kv, "key"), value=_any(kv["value"])))
+            out.append(KeyValue(key=_str(kv, "key"), value=_any(kv["value"], depth)))
         else:
             out.append(KeyValue(key=_str(kv, "key")))
     return out
 
 
-def _any(value: Any) -> AnyValue:
-    if type(value) is not dict or len(value) > 1:
+def _any(value: Any, depth: int = 0) -> AnyValue:
+    if type(value) is not dict or len(value) > 1 or depth > _MAX_DEPTH:
         raise _Unknown
     if not value:
         return AnyValue()
@@ -141,14 +147,15 @@ def _any(value: Any) -> AnyValue:
     elif which == "doubleValue" and ((t is float and math.isfinite(v)) or (t is int and abs(v) <= 2 ** 53)):
         return AnyValue(double_value=v)
     elif which == "arrayValue":
-        return AnyValue(array_value=ArrayValue(values=[_any(x) for x in _list(_keys(v, _VALUES), "values")]))
+        return AnyValue(array_value=ArrayValue(
+            values=[_any(x, depth + 1) for x in _list(_keys(v, _VALUES), "values")]))
     elif which == "kvlistValue":
-        return AnyValue(kvlist_value=KeyValueList(values=_attrs_of(_keys(v, _VALUES))))
+        return AnyValue(kvlist_value=KeyValueList(values=_attrs_of(_keys(v, _VALUES), depth + 1)))
     raise _Unknown
 
 
-def _attrs_of(kvlist: dict[str, Any]) -> list[KeyValue]:
-    return _attrs({"attributes": _list(kvlist, "values")})
+def _attrs_of(kvlist: dict[str, Any], depth: int) -> list[KeyValue]:
+    return _attrs({"attributes": _list(kvlist, "values")}, depth)
 
 
 def _enum(obj: dict[str, Any], key: str, names: dict[str, int], numbers: frozenset[int]) -> int:

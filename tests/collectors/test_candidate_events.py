@@ -41,7 +41,7 @@ def _record(encoding: str, request_id: str = "req-1") -> bytes:
     return bytes(encode_spans(exporter.get_finished_spans()).SerializeToString())
 
 
-def _with_candidates(value: str | int) -> Any:
+def _with_candidates(value: str | int | bytes) -> Any:
     """A recorded decision (JSON encoding) whose candidates attribute is ``value`` instead."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -51,6 +51,8 @@ def _with_candidates(value: str | int) -> Any:
         if kv.key == sc.DECISION_CANDIDATES:
             if isinstance(value, str):
                 kv.value.string_value = value
+            elif isinstance(value, bytes):
+                kv.value.bytes_value = value
             else:
                 kv.value.int_value = value
     return req
@@ -123,10 +125,12 @@ def test_the_text_is_kept_where_the_rows_do_not_hold_it_whole(text: str, kept: b
     assert events.num_rows == (0 if text == "[]" or "not" in text or ", 3]" in text else text.count("{"))
 
 
-def test_a_candidates_text_that_is_not_a_string_stays_in_the_attributes() -> None:
-    req = _with_candidates(7)
+@pytest.mark.parametrize("value, in_json", [(7, 7), (b"[{}]", "W3t9XQ==")])  # bytes: base64
+def test_a_candidates_value_that_is_not_a_string_stays_in_the_attributes(value: int | bytes,
+                                                                        in_json: Any) -> None:
+    req = _with_candidates(value)
     for batch in (decode(req, time.time_ns()), decode_protobuf(req.SerializeToString(), time.time_ns())):
-        assert json.loads(batch.spans.column("attributes")[0].as_py())[sc.DECISION_CANDIDATES] == 7
+        assert json.loads(batch.spans.column("attributes")[0].as_py())[sc.DECISION_CANDIDATES] == in_json
         assert batch.candidate_json_malformed == 1
 
 

@@ -14,11 +14,12 @@ import json
 import re
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from collectors.otlp._decode import PayloadError, _parse_dict, parse_json
+from collectors.otlp._decode import MAX_VALUE_DEPTH, PayloadError, _parse_dict, decode, parse_json
 from collectors.otlp._otlp_json import build_request
 
 
@@ -169,3 +170,27 @@ def test_well_formed_documents_take_the_fast_path_and_equal_parse_dict(doc: dict
 @given(_damaged())
 def test_damaged_documents_never_differ_from_parse_dict(doc: dict[str, Any]) -> None:
     assert_same(doc)
+
+
+@pytest.mark.parametrize("levels", [MAX_VALUE_DEPTH, MAX_VALUE_DEPTH + 1, 30, 48, 49, 80])
+@pytest.mark.parametrize("wrap", ["arrayValue", "kvlistValue"])
+def test_deeply_nested_values_are_refused_as_parse_dict_refuses_them(levels: int, wrap: str) -> None:
+    """Beyond the decoder's depth the document goes to ParseDict (upb's own limit made the
+    constructors raise a DecodeError, a 500 instead of a 400); the decoder rejects the span."""
+    value: dict[str, Any] = {"stringValue": "x"}
+    for _ in range(levels):
+        value = {wrap: {"values": [value if wrap == "arrayValue" else {"key": "k", "value": value}]}}
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "deep", "startTimeUnixNano": "1767225600000000000",
+         "endTimeUnixNano": "1767225600000000001", "attributes": [{"key": "deep", "value": value}]}]}]}]}
+    assert (build_request(copy.deepcopy(doc)) is None) == (levels > MAX_VALUE_DEPTH)
+    assert_same(doc)
+    try:
+        req = parse_json(json.dumps(doc).encode())
+    except PayloadError:
+        return  # what ParseDict says of a document upb cannot hold
+    batch = decode(req, 1)
+    if levels < MAX_VALUE_DEPTH:
+        assert batch.accepted == 1
+    elif levels >= 30:
+        assert batch.accepted == 0 and "deeper than" in batch.rejected[0]
