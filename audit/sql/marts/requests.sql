@@ -169,7 +169,8 @@ predicted_cache_of_chosen as materialized (
 requests_joined as (
 
     -- not materialized, nor requests_timed: each is read once, and copying their rows (four
-    -- struct sides of ~30 fields each) cost a fifth of this relation (10.8 -> 8.3 s at 1M)
+    -- struct sides of ~30 fields each) cost a fifth of this relation built alone at 1M
+    -- (10.8 -> 8.3 s; docs/performance.md)
     select
         sides.request_key,
         coalesce(
