@@ -48,7 +48,7 @@ _APART: Final = semconv.DECISION_CANDIDATES
 """The span attribute whose string value is left out of ``raw_spans.attributes``: it is stored
 as candidate rows in ``raw_span_events`` and, where those do not hold all of it, verbatim in its
 typed column (:func:`collectors.otlp._candidate_events.expand`). The text was a decision span's
-largest attribute, and writing it twice cost ingest a fifth of its speed. Its limit is
+largest attribute, and storing it once made ingest 16 % faster (docs/performance.md). Its limit is
 :data:`MAX_APART_LEN`, not :data:`MAX_STRING_LEN`, and it does not count towards
 :data:`MAX_SPAN_ATTR_BYTES`: 16,384 characters hold only about 50 candidates, and a truncated
 text is malformed, so a decision over a larger fleet lost all its candidates."""
@@ -422,12 +422,10 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
                 except _TooDeep as exc:
                     rejected.append(f"span {sid.hex() or '?'} ({sp.name[:60]!r}): {exc}")
                     continue
-                if conv.apart_string:  # stored once: as rows, or in its typed column
-                    attrs_json = encode({k: v for k, v in attrs.items() if k != _APART})
-                    size = len(attrs_json)
-                else:
-                    attrs_json = encode(attrs)
-                    size = len(attrs_json)
+                # the candidates text is stored once: as rows, or in its typed column
+                attrs_json = encode({k: v for k, v in attrs.items() if k != _APART}
+                                    if conv.apart_string else attrs)
+                size = len(attrs_json)
                 if events:
                     ev_jsons = [encode(a) for _, _, a in events]
                     for e in ev_jsons:

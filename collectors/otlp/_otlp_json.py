@@ -160,15 +160,11 @@ def _attrs_of(kvlist: dict[str, Any], depth: int) -> list[KeyValue]:
 
 def _enum(obj: dict[str, Any], key: str, names: dict[str, int], numbers: frozenset[int]) -> int:
     value = obj.get(key, 0)
-    if type(value) is str:
-        return names[value] if value in names else _unknown()
+    if type(value) is str and value in names:
+        return names[value]
     if type(value) is not int or value not in numbers:
         raise _Unknown
     return value
-
-
-def _unknown() -> int:
-    raise _Unknown
 
 
 # A sub-message present in the document is passed to the constructor even when empty: ParseDict
