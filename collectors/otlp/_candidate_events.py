@@ -76,9 +76,9 @@ def expand(spans: pa.Table, events: pa.Table, *, native: bool = True
     done = _expand_native(picked) if native else None
     extra, malformed, keep = done if done is not None else _expand_python(picked)
     text = column.combine_chunks()
-    kept = pc.replace_with_mask(pa.array([False] * spans.num_rows), text.is_valid(), keep)
+    kept = pc.if_else(keep, picked.column(_COLUMN).combine_chunks(), pa.scalar(None, column.type))
     spans = spans.set_column(spans.schema.get_field_index(_COLUMN), spans.schema.field(_COLUMN),
-                             pc.if_else(kept, text, pa.scalar(None, column.type)))
+                             pc.replace_with_mask(text, text.is_valid(), kept))
     if extra is None:
         return spans, events, malformed
     return spans, (pa.concat_tables([events, extra]) if events.num_rows else extra), malformed

@@ -305,7 +305,6 @@ typedef struct {
     int keep;
     int64_t received_ns;
     int64_t truncated, prompts;
-    size_t max_str; /* the string limit of the value being read (cfg's max_str or max_apart_str) */
     Col sc[NSC], ec[NEC];
     CellVec *tc[3];
     Buf resjson, sjson, ejson, ljson, scratch;
@@ -811,9 +810,9 @@ static void any_value(D *d, Buf *out, int ascii, const uint8_t *p, const uint8_t
     case 0: PUTS(d, out, "null"); break;
     case 1: {
         size_t cp = utf8_check(d, s, l);
-        if (cp > d->max_str) {
+        if (cp > d->cfg->max_str) {
             d->truncated++;
-            l = utf8_prefix(s, l, d->max_str);
+            l = utf8_prefix(s, l, d->cfg->max_str);
         }
         emit_str(d, out, s, l, ascii);
         c->kind = V_STR;
@@ -847,7 +846,6 @@ static void any_value(D *d, Buf *out, int ascii, const uint8_t *p, const uint8_t
     case 5: {
         const uint8_t *q = s, *qe = s + l;
         int first = 1;
-        d->max_str = d->cfg->max_str; /* only a string value of an apart key has the larger limit */
         putc_(d, out, '[');
         while (q < qe) {
             uint32_t fn;
@@ -931,23 +929,28 @@ static void al_kv(D *d, AL *al, const uint8_t *p, const uint8_t *end) {
     kh->h = h;
     kh->p = k;
     kh->len = kl;
-    size_t mark = al->out->len;
-    int count = al->count;
-    int apart = e && e->apart && al->ctx == CTX_SPAN;
+    if (e && e->apart && al->ctx == CTX_SPAN && e->col[CTX_SPAN] >= 0 && have_v) {
+        const uint8_t *s = NULL;
+        size_t l = 0;
+        uint64_t iv = 0;
+        if (any_parse(d, v, v + vl, 0, &s, &l, &iv) == 1) { /* a string: its typed column only */
+            if (utf8_check(d, s, l) > cfg->max_apart_str) {
+                d->truncated++;
+                l = utf8_prefix(s, l, cfg->max_apart_str);
+            }
+            Cell c = {.kind = V_STR, .p = s, .len = l};
+            stage(d, CTX_SPAN, e->col[CTX_SPAN], al->ev, &c);
+            return;
+        }
+    }
     if (al->count++) PUTS(d, al->out, ", ");
     else putc_(d, al->out, '{');
     emit_str(d, al->out, k, kl, al->ascii);
     PUTS(d, al->out, ": ");
     Cell c;
     memset(&c, 0, sizeof c);
-    if (apart) d->max_str = cfg->max_apart_str;
     if (have_v) any_value(d, al->out, al->ascii, v, v + vl, &c, 0);
     else PUTS(d, al->out, "null");
-    d->max_str = cfg->max_str;
-    if (apart && c.kind == V_STR) { /* its typed column holds it, not the JSON */
-        al->out->len = mark;
-        al->count = count;
-    }
     if (e && al->ctx < 3 && e->col[al->ctx] >= 0) stage(d, al->ctx, e->col[al->ctx], al->ev, &c);
 }
 
@@ -1685,7 +1688,6 @@ static PyObject *native_decode(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     }
     d->cfg = cfg;
-    d->max_str = cfg->max_str;
     d->keep = keep;
     d->received_ns = received;
     PyObject *result = NULL;
