@@ -6,8 +6,8 @@ layer a relation builds after the relations it names. Nothing is templated.
 
 Materialisation (dbt's ``table`` vs ``view``): a relation that reads a session variable
 (``getvariable(...)``: the SLO targets and attribution thresholds), or reads such a relation, is
-a **view**, so a reader's SLO applies at query time. Every other relation is a **table**, rebuilt
-by :func:`refresh` in dependency order. DuckDB plans a view by expanding every view beneath it,
+a **view**, so a reader's SLO applies at query time; so is one of :data:`ALWAYS_VIEWS`. Every
+other relation is a **table**, rebuilt by :func:`refresh` in dependency order. DuckDB plans a view by expanding every view beneath it,
 so a deep stack of views costs seconds of planning per query; tables cut each plan to one step.
 """
 
@@ -100,7 +100,14 @@ def public_relations() -> list[str]:
         r.name
         for r in load_relations()
         if r.layer == "marts" or (r.layer == "attribution" and not r.name.startswith("int_"))
+        or r.name in ALWAYS_VIEWS
     ]
+
+
+ALWAYS_VIEWS: Final = ("raw_span_attributes",)
+"""Relations that stay views: they read only the raw tables (so they are never stale), no
+relation reads them, and as tables they would copy every span at each refresh for the
+occasional query by a person."""
 
 
 def parametrised(relations: list[Relation] | None = None) -> set[str]:
@@ -191,7 +198,7 @@ def refresh(con: duckdb.DuckDBPyConnection,
     ``on_built(relation, kind, seconds)`` is called after each relation (benchmarks time them).
     """
     rels = load_relations()
-    views = parametrised(rels)
+    views = parametrised(rels) | set(ALWAYS_VIEWS)
     if cache_defaults is None:
         cache_defaults = con.sql("select count(*) from raw_spans").fetchall()[0][0] >= CACHE_MIN_SPANS
     to_cache = set(cached(rels)) if cache_defaults else set()

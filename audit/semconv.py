@@ -443,7 +443,8 @@ TYPED_SPAN_ATTRIBUTES: Final[dict[str, tuple[str, ColumnType]]] = {
     CODE_NAMESPACE: ("a_code_namespace", "VARCHAR"),
     DECISION_CANDIDATES: ("a_decision_candidates", "VARCHAR"),
 }
-"""Span attributes that get a typed column in ``raw_spans``."""
+"""Span attributes that get a typed column in ``raw_spans``; a value its column holds exactly is
+left out of the ``attributes`` JSON (the view ``raw_span_attributes`` has them all)."""
 
 TYPED_RESOURCE_ATTRIBUTES: Final[dict[str, tuple[str, ColumnType]]] = {
     SERVICE_NAME: ("service_name", "VARCHAR"),

@@ -57,6 +57,19 @@ MAX_APART_LEN = 2 * 1024 * 1024
 """Longest candidates text kept whole (characters): 4,096 candidates of the recorder's encoding
 (:data:`collectors.otlp._candidate_events.MAX_CANDIDATES`) are about 1.4 million."""
 
+_EXACT_TYPE: Final = {"VARCHAR": str, "BIGINT": int, "DOUBLE": float, "BOOLEAN": bool}
+
+
+def _held_exactly(value: Any, typ: str) -> bool:
+    """Whether a typed column of ``typ`` holds ``value`` (as converted) exactly: the same kind, no
+    conversion; for a list, every element. Such a span attribute is left out of the attributes
+    JSON, and ``raw_span_attributes`` puts it back; ``held_exactly`` in ``_native.c`` is the twin.
+    Storing each value once made ingest faster (docs/performance.md)."""
+    if typ.endswith("[]"):
+        want = _EXACT_TYPE.get(typ[:-2])
+        return type(value) is list and want is not None and all(type(x) is want for x in value)
+    return type(value) is _EXACT_TYPE.get(typ)
+
 
 class PayloadError(ValueError):
     """The request body could not be decoded at all (answered 400)."""
@@ -377,6 +390,9 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
     n_kinds, n_status = len(_KINDS), len(_STATUS)
     min_ns, max_ns = _MIN_NS, _MAX_NS
     encode = _JSON
+    # typed span keys whose exactly held values stay out of the attributes JSON (the candidates
+    # text has its own rule: _APART); read per call, as the native config is
+    span_typed = {k: typ for k, (_col, typ) in semconv.TYPED_SPAN_ATTRIBUTES.items() if k != _APART}
 
     for rs in req.resource_spans:
         try:
@@ -423,9 +439,13 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
                     rejected.append(f"span {sid.hex() or '?'} ({sp.name[:60]!r}): {exc}")
                     continue
                 # the candidates text is stored once: as rows, or in its typed column
-                attrs_json = encode({k: v for k, v in attrs.items() if k != _APART}
-                                    if conv.apart_string else attrs)
-                size = len(attrs_json)
+                whole = {k: v for k, v in attrs.items() if k != _APART} if conv.apart_string else attrs
+                attrs_json = encode(whole)
+                size = len(attrs_json)  # the whole JSON counts, whatever is stored of it
+                rest = {k: v for k, v in whole.items()
+                        if not ((typ := span_typed.get(k)) is not None and _held_exactly(v, typ))}
+                if len(rest) != len(whole):
+                    attrs_json = encode(rest)
                 if events:
                     ev_jsons = [encode(a) for _, _, a in events]
                     for e in ev_jsons:

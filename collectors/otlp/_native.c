@@ -308,6 +308,8 @@ typedef struct {
     Col sc[NSC], ec[NEC];
     CellVec *tc[3];
     Buf resjson, sjson, ejson, ljson, scratch;
+    Buf tjson;      /* the span's typed attributes held exactly by their columns: counted, not stored */
+    size_t ntyped;  /* entries in tjson */
     Staged *rst, *sst, *est;
     size_t nrst, caprst, nsst, capsst, nest, capest;
     EvStage *evs;
@@ -893,6 +895,40 @@ static int is_prompt(const Cfg *cfg, const KEnt *e, const uint8_t *k, size_t kl)
     return 0;
 }
 
+/* Whether a typed column of `type` holds the value of `c` exactly: the same kind (no conversion),
+ * for a list every element. Such a span attribute is left out of the attributes JSON
+ * (raw_span_attributes puts it back); _decode._held_exactly is the Python twin. */
+static int held_exactly(D *d, int type, const Cell *c) {
+    switch (type) {
+    case T_STR: return c->kind == V_STR;
+    case T_I64: return c->kind == V_INT;
+    case T_F64: return c->kind == V_DBL;
+    case T_BOOL: return c->kind == V_BOOL;
+    case T_LSTR: case T_LI64: case T_LF64: {
+        if (c->kind != V_ARR) return 0;
+        int want = type == T_LSTR ? V_STR : type == T_LI64 ? V_INT : V_DBL;
+        const uint8_t *q = c->p, *qe = c->p + c->len;
+        while (q < qe) {
+            uint32_t fn;
+            int wt;
+            rd_tag(d, &q, qe, &fn, &wt);
+            if (fn != 1) {
+                skip(d, &q, qe, wt);
+                continue;
+            }
+            const uint8_t *es;
+            size_t el;
+            rd_len(d, &q, qe, &es, &el);
+            Cell x;
+            elem_cell(d, es, es + el, &x);
+            if (x.kind != want) return 0;
+        }
+        return 1;
+    }
+    default: return 0;
+    }
+}
+
 /* One KeyValue message of an attribute list. */
 static void al_kv(D *d, AL *al, const uint8_t *p, const uint8_t *end) {
     const uint8_t *k = (const uint8_t *)"", *v = NULL;
@@ -942,6 +978,29 @@ static void al_kv(D *d, AL *al, const uint8_t *p, const uint8_t *end) {
             stage(d, CTX_SPAN, e->col[CTX_SPAN], al->ev, &c);
             return;
         }
+    }
+    if (e && !e->apart && al->ctx == CTX_SPAN && e->col[CTX_SPAN] >= 0) {
+        /* a typed span attribute: its entry goes to tjson, and stays there (counted towards the
+         * span's size, never stored) when the column holds the value exactly */
+        Buf *t = &d->tjson;
+        size_t t0 = t->len;
+        emit_str(d, t, k, kl, al->ascii);
+        PUTS(d, t, ": ");
+        Cell c;
+        memset(&c, 0, sizeof c);
+        if (have_v) any_value(d, t, al->ascii, v, v + vl, &c, 0);
+        else PUTS(d, t, "null");
+        int col = e->col[CTX_SPAN];
+        stage(d, CTX_SPAN, col, al->ev, &c);
+        if (held_exactly(d, cfg->types[CTX_SPAN][col], &c)) {
+            d->ntyped++;
+            return;
+        }
+        if (al->count++) PUTS(d, al->out, ", ");
+        else putc_(d, al->out, '{');
+        put(d, al->out, t->p + t0, t->len - t0);
+        t->len = t0;
+        return;
     }
     if (al->count++) PUTS(d, al->out, ", ");
     else putc_(d, al->out, '{');
@@ -1118,6 +1177,8 @@ static void span(D *d, const uint8_t *p, const uint8_t *end, const uint8_t *scop
     }
     /* attributes */
     d->sjson.len = 0;
+    d->tjson.len = 0;
+    d->ntyped = 0;
     d->ejson.len = 0;
     d->ljson.len = 0;
     d->nsst = d->nest = d->nev = 0;
@@ -1136,6 +1197,7 @@ static void span(D *d, const uint8_t *p, const uint8_t *end, const uint8_t *scop
         }
     }
     al_end(d, &al);
+    int stored_entries = al.count; /* al is reused for the events */
     /* events */
     size_t nlinks = 0;
     q = p;
@@ -1178,9 +1240,13 @@ static void span(D *d, const uint8_t *p, const uint8_t *end, const uint8_t *scop
         }
     }
     if (nlinks) putc_(d, &d->ljson, ']');
-    size_t size = d->sjson.len + d->ejson.len;
+    /* the size of the JSON the attributes would take whole: tjson's entries with their ", "
+     * (none before the first entry when the stored JSON is "{}") */
+    size_t typed_extra = d->ntyped ? 2 * d->ntyped - (stored_entries ? 0 : 2) : 0;
+    size_t size = d->sjson.len + d->tjson.len + typed_extra + d->ejson.len;
     if (size > cfg->max_span_bytes) {
-        size = utf8_count(d->sjson.p, d->sjson.len) + utf8_count(d->ejson.p, d->ejson.len);
+        size = utf8_count(d->sjson.p, d->sjson.len) + utf8_count(d->tjson.p, d->tjson.len) + typed_extra
+               + utf8_count(d->ejson.p, d->ejson.len);
         if (size > cfg->max_span_bytes) {
             Rej *r = VPUSH(d, d->rej, d->nrej, d->caprej);
             r->what = R_SIZE;
@@ -1582,6 +1648,7 @@ static void d_free(D *d) {
     free(d->ejson.p);
     free(d->ljson.p);
     free(d->scratch.p);
+    free(d->tjson.p);
     free(d->rst);
     free(d->sst);
     free(d->est);
@@ -1596,7 +1663,7 @@ static D *d_cache = NULL;
 #define D_CACHE_MAX_BYTES ((size_t)256 << 20)
 
 static size_t d_capacity(D *d) {
-    size_t t = d->resjson.cap + d->sjson.cap + d->ejson.cap + d->ljson.cap + d->scratch.cap;
+    size_t t = d->resjson.cap + d->sjson.cap + d->ejson.cap + d->ljson.cap + d->scratch.cap + d->tjson.cap;
     for (int i = 0; i < NSC; i++) t += d->sc[i].valid.cap + d->sc[i].data.cap + d->sc[i].offs.cap;
     for (int i = 0; i < NEC; i++) t += d->ec[i].valid.cap + d->ec[i].data.cap + d->ec[i].offs.cap;
     return t;
@@ -1628,7 +1695,7 @@ static void d_release(D *d) {
             c->valid.len = c->data.len = c->offs.len = 0;
             c->n = c->nulls = 0;
         }
-    d->resjson.len = d->sjson.len = d->ejson.len = d->ljson.len = d->scratch.len = 0;
+    d->resjson.len = d->sjson.len = d->ejson.len = d->ljson.len = d->scratch.len = d->tjson.len = 0;
     d->nrst = d->nsst = d->nest = d->nev = d->nkeys = d->nrej = 0;
     d->truncated = d->prompts = 0;
     d->cfg = NULL;

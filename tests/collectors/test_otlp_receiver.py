@@ -645,7 +645,14 @@ def test_candidates_text_is_stored_once_and_a_malformed_one_is_counted(collector
                "json_extract_string(attributes, '$.\"routeaudit.decision.candidates\"'), "
                "json_extract_string(attributes, '$.\"routeaudit.request.id\"') "
                "from raw_spans order by a_request_id")
-    assert got == [("req-23-0", None, None, "req-23-0"), ("req-23-1", bad, None, "req-23-1")]
+    # typed values are stored once too: in their columns, not in the attributes JSON
+    assert got == [("req-23-0", None, None, None), ("req-23-1", bad, None, None)]
+    # raw_span_attributes gives every attribute back, with the verbatim text where it was kept
+    whole = rows(collector, "select a_request_id, "
+                 "json_extract_string(v.attributes, '$.\"routeaudit.decision.candidates\"'), "
+                 "json_extract_string(v.attributes, '$.\"routeaudit.request.id\"') "
+                 "from raw_spans join raw_span_attributes as v using (trace_id, span_id) order by 1")
+    assert whole == [("req-23-0", None, "req-23-0"), ("req-23-1", bad, "req-23-1")]
     cands = rows(collector, "select c_replica, c_waiting from raw_span_events "
                  "where name = 'routeaudit.candidate' order by event_index")
     assert cands == [("a:8000", 2), ("b:8000", 0)]

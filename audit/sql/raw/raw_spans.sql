@@ -1,12 +1,15 @@
 -- raw_spans: one row per span as received (grain: trace_id, span_id; duplicates ignored).
--- Written only by the collector's writer thread, in batched transactions. Every attribute is
--- kept verbatim as JSON text (varchar, not DuckDB's json type: validating every value on
--- insert cost a third of ingest, and the json functions read varchar alike), but for one:
--- the candidates JSON of a decision span (routeaudit.decision.candidates) is stored as its
--- rows in raw_span_events, and verbatim in a_decision_candidates where those rows do not hold
--- it whole; storing it once made ingest 16 % faster. The a_* / r_* columns are typed
--- copies of the keys listed in audit/semconv.py (TYPED_SPAN_ATTRIBUTES,
--- TYPED_RESOURCE_ATTRIBUTES).
+-- Written only by the collector's writer thread, in batched transactions. The a_* / r_*
+-- columns are typed copies of the keys listed in audit/semconv.py (TYPED_SPAN_ATTRIBUTES,
+-- TYPED_RESOURCE_ATTRIBUTES). Each span attribute value is stored once: attributes keeps, as
+-- JSON text (varchar, not DuckDB's json type: validating every value on insert cost a third of
+-- ingest, and the json functions read varchar alike), the attributes no a_* column holds
+-- exactly (same kind, no conversion); the view raw_span_attributes gives them all back
+-- (docs/semconv.md, "Typed columns"). The candidates JSON of a decision span
+-- (routeaudit.decision.candidates) is stored as its rows in raw_span_events, and verbatim in
+-- a_decision_candidates where those rows do not hold it whole. Resource attributes are kept
+-- whole in resource_attributes. Stores written before 2026-12-02 hold every attribute in
+-- attributes.
 create table if not exists raw_spans (
     trace_id varchar not null,          -- 32 lowercase hex
     span_id varchar not null,           -- 16 lowercase hex
@@ -22,7 +25,7 @@ create table if not exists raw_spans (
     scope_name varchar,
     scope_version varchar,
     received_ns bigint not null,        -- Unix ns, collector's clock
-    attributes varchar,                    -- every span attribute, verbatim
+    attributes varchar,                    -- span attributes no a_* column holds exactly
     resource_attributes varchar,           -- every resource attribute, verbatim
     links varchar,                         -- [{trace_id, span_id, trace_state, attributes}]
     event_count bigint not null,
