@@ -7,8 +7,9 @@ layer a relation builds after the relations it names. Nothing is templated.
 Materialisation (dbt's ``table`` vs ``view``): a relation that reads a session variable
 (``getvariable(...)``: the SLO targets and attribution thresholds), or reads such a relation, is
 a **view**, so a reader's SLO applies at query time; so is one of :data:`ALWAYS_VIEWS`. Every
-other relation is a **table**, rebuilt by :func:`refresh` in dependency order. DuckDB plans a view by expanding every view beneath it,
-so a deep stack of views costs seconds of planning per query; tables cut each plan to one step.
+other relation is a **table**, rebuilt by :func:`refresh` in dependency order. DuckDB plans a
+view by expanding every view beneath it, so a deep stack of views costs seconds of planning per
+query; tables cut each plan to one step.
 """
 
 from __future__ import annotations
