@@ -800,6 +800,25 @@ static void elem_cell(D *d, const uint8_t *p, const uint8_t *end, Cell *c) {
     }
 }
 
+/* The next element of an already validated ArrayValue's bytes [*q, qe) into *x; 0 at the end. */
+static int next_elem(D *d, const uint8_t **q, const uint8_t *qe, Cell *x) {
+    while (*q < qe) {
+        uint32_t fn;
+        int wt;
+        rd_tag(d, q, qe, &fn, &wt);
+        if (fn != 1) {
+            skip(d, q, qe, wt);
+            continue;
+        }
+        const uint8_t *es;
+        size_t el;
+        rd_len(d, q, qe, &es, &el);
+        elem_cell(d, es, es + el, x);
+        return 1;
+    }
+    return 0;
+}
+
 /* One AnyValue: JSON into out, the value into *c. Scalars and (top level) arrays of scalars. */
 static void any_value(D *d, Buf *out, int ascii, const uint8_t *p, const uint8_t *end, Cell *c,
                       int in_array) {
@@ -907,22 +926,10 @@ static int held_exactly(D *d, int type, const Cell *c) {
     case T_LSTR: case T_LI64: case T_LF64: {
         if (c->kind != V_ARR) return 0;
         int want = type == T_LSTR ? V_STR : type == T_LI64 ? V_INT : V_DBL;
-        const uint8_t *q = c->p, *qe = c->p + c->len;
-        while (q < qe) {
-            uint32_t fn;
-            int wt;
-            rd_tag(d, &q, qe, &fn, &wt);
-            if (fn != 1) {
-                skip(d, &q, qe, wt);
-                continue;
-            }
-            const uint8_t *es;
-            size_t el;
-            rd_len(d, &q, qe, &es, &el);
-            Cell x;
-            elem_cell(d, es, es + el, &x);
+        const uint8_t *q = c->p;
+        Cell x;
+        while (next_elem(d, &q, c->p + c->len, &x))
             if (x.kind != want) return 0;
-        }
         return 1;
     }
     default: return 0;
@@ -1571,20 +1578,9 @@ static PyObject *typed_py(D *d, int type, CellVec *cv, size_t n) {
             } else {
                 col_bit(d, &col, 1);
                 col.n++;
-                const uint8_t *q = c->p, *qe = c->p + c->len;
-                while (q < qe) {
-                    uint32_t fn;
-                    int wt;
-                    rd_tag(d, &q, qe, &fn, &wt);
-                    if (fn != 1) {
-                        skip(d, &q, qe, wt);
-                        continue;
-                    }
-                    const uint8_t *es;
-                    size_t el;
-                    rd_len(d, &q, qe, &es, &el);
-                    Cell x;
-                    elem_cell(d, es, es + el, &x);
+                const uint8_t *q = c->p;
+                Cell x;
+                while (next_elem(d, &q, c->p + c->len, &x)) {
                     if (!native_ok(et, x.kind)) {
                         ok = 0;
                         break;
