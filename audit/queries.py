@@ -577,7 +577,7 @@ def request_spans(reader: Reads, request_key: str, limit: int = 200) -> pl.DataF
     """Raw spans of the request: those the audit linked to it (every trace it crossed), else
     its trace. Times are on each emitter's own clock (raw, uncorrected). Columns: name,
     component, service, kind, start_at (emitter clock), duration_ms, status_code, trace_id,
-    span_id, parent_span_id."""
+    span_id, parent_span_id, attributes (every span attribute, JSON: ``raw_span_attributes``)."""
     if has_relation(reader, "int_spans_clock_corrected", "trace_id", "span_id", "request_key"):
         linked = ("select trace_id, span_id from int_spans_clock_corrected "
                   "where request_key = ?")
@@ -590,12 +590,15 @@ def request_spans(reader: Reads, request_key: str, limit: int = 200) -> pl.DataF
             select s.* from raw_spans as s
             semi join ({linked}) as k on k.trace_id = s.trace_id and k.span_id = s.span_id
         )
-        select name, a_component as component, service_name as service, kind,
-            make_timestamp(start_ns // 1000) as start_at,
-            (end_ns - start_ns) / 1e6 as duration_ms,
-            status_code, trace_id, span_id, parent_span_id
-        from spans
-        order by start_ns
+        select s.name, s.a_component as component, s.service_name as service, s.kind,
+            make_timestamp(s.start_ns // 1000) as start_at,
+            (s.end_ns - s.start_ns) / 1e6 as duration_ms,
+            s.status_code, s.trace_id, s.span_id, s.parent_span_id,
+            v.attributes::varchar as attributes
+        from spans as s
+        left join raw_span_attributes as v
+            on v.trace_id = s.trace_id and v.span_id = s.span_id
+        order by s.start_ns
         limit ?
         """,
         [request_key, int(limit)],
@@ -891,6 +894,13 @@ def run_failures(reader: Reads, run_ids: Sequence[str]) -> pl.DataFrame:
 # SQL box
 # --------------------------------------------------------------------------------------------
 EXAMPLE_QUERIES: Final[Mapping[str, str]] = {
+    "Every attribute of the slowest request's spans": (
+        "select s.name, s.kind, v.attributes\nfrom raw_spans s\n"
+        "join raw_span_attributes v using (trace_id, span_id)\n"
+        "where s.a_request_id = (select request_id from requests\n"
+        "    where ttft_ms is not null order by ttft_ms desc limit 1)\n"
+        "order by s.start_ns"
+    ),
     "Slowest requests by TTFT": (
         "select request_id, policy, chosen_replica, ttft_ms, tpot_ms, status\n"
         "from requests\nwhere ttft_ms is not null\norder by ttft_ms desc\nlimit 20"

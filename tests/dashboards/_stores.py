@@ -318,6 +318,9 @@ def mart_store(path: Path, n: int = 400, *, attribution: bool = True,
     try:
         for table in RAW_TABLES:
             con.execute(raw_ddl(table))
+        for rel in _relations.load_relations():  # views over the raw tables, as every store has
+            if rel.name in _relations.ALWAYS_VIEWS:
+                con.execute(f"create view {rel.name} as {rel.sql}")
         con.execute(
             "create table routeaudit_meta (key varchar primary key, value varchar)"
         )

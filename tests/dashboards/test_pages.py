@@ -6,6 +6,8 @@ Numbers the pages show are checked against SQL written here, independently of
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -326,10 +328,12 @@ def test_sql_box_reads_and_refuses_writes(monkeypatch: pytest.MonkeyPatch, mart_
     assert sql(mart_db, "select count(*) from requests") == 400
 
 
-def test_sql_examples_run(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
+def test_sql_examples_run(monkeypatch: pytest.MonkeyPatch, raw_db: Path) -> None:
+    """On a store built from raw spans by the real relations, so raw tables and marts both hold
+    rows."""
     from audit import queries
 
-    at = open_page(monkeypatch, mart_db, "sql")
+    at = open_page(monkeypatch, raw_db, "sql")
     for name in queries.EXAMPLE_QUERIES:
         at.selectbox(key="sql_example").set_value(name).run()
         at.button(key="sql_run").click().run()
@@ -367,6 +371,9 @@ def test_page_on_raw_spans(monkeypatch: pytest.MonkeyPatch, raw_db: Path, raw_re
         frames = [df.value for df in at.dataframe]
         cand = next(f for f in frames if "true_in_flight" in f.columns)
         assert len(cand) == 3 and cand["chosen"].sum() == 1
+        spans = next(f for f in frames if "parent_span_id" in f.columns)
+        attrs = [json.loads(a) for a in spans["attributes"]]
+        assert attrs and all(a.get("routeaudit.request.id") == "req-0003" for a in attrs)
 
 
 # --------------------------------------------------------------------------------------------
