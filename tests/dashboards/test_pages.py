@@ -7,7 +7,6 @@ Numbers the pages show are checked against SQL written here, independently of
 from __future__ import annotations
 
 import json
-
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
