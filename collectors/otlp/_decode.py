@@ -13,6 +13,7 @@ import base64
 import json
 import math
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -58,6 +59,20 @@ MAX_APART_LEN = 2 * 1024 * 1024
 (:data:`collectors.otlp._candidate_events.MAX_CANDIDATES`) are about 1.4 million."""
 
 _EXACT_TYPE: Final = {"VARCHAR": str, "BIGINT": int, "DOUBLE": float, "BOOLEAN": bool}
+
+
+VIEW_KEYS: Final = frozenset(semconv.TYPED_SPAN_ATTRIBUTES)
+"""The typed span keys ``raw_span_attributes`` puts back (its SQL lists them; a test checks they
+are these). A key added to the registry at run time is not among them, so it stays in the JSON."""
+
+
+def stored_once(typed: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """Typed span keys (to their column type) whose exactly held values leave the attributes JSON:
+    those the view puts back, with a column of their own (two keys sharing one column would lose
+    one value), less the candidates text, which has its own rule (:data:`_APART`)."""
+    uses = Counter(col for col, _typ in typed.values())
+    return {k: typ for k, (col, typ) in typed.items()
+            if k != _APART and k in VIEW_KEYS and uses[col] == 1}
 
 
 def _held_exactly(value: Any, typ: str) -> bool:
@@ -392,7 +407,7 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
     encode = _JSON
     # typed span keys whose exactly held values stay out of the attributes JSON (the candidates
     # text has its own rule: _APART); read per call, as the native config is
-    span_typed = {k: typ for k, (_col, typ) in semconv.TYPED_SPAN_ATTRIBUTES.items() if k != _APART}
+    span_typed = stored_once(semconv.TYPED_SPAN_ATTRIBUTES)
 
     for rs in req.resource_spans:
         try:
@@ -558,7 +573,8 @@ def _native_config() -> _NativeConfig:
     snap = _snapshot()
     items = tuple(tuple(d.items()) for d in snap[:3])
     typed = tuple([(key, _KIND_OF_TYPE.get(typ, 4)) for key, (_col, typ) in its] for its in items)
-    capsule = _native.make_config(typed, sorted(snap[3]), list(snap[4]), [_APART], *snap[5:])
+    capsule = _native.make_config(typed, sorted(snap[3]), list(snap[4]), [_APART],
+                                  sorted(stored_once(snap[0])), *snap[5:])
     cfg = _NativeConfig(snap, capsule, items[0], items[1], items[2])
     _native_cfg = cfg
     return cfg

@@ -34,6 +34,7 @@ typedef struct {
     int col[3];
     int prompt;
     int apart; /* a span attribute whose string value goes to its typed column only */
+    int once;  /* a typed span attribute left out of the JSON when its column holds it exactly */
 } KEnt;
 
 typedef struct {
@@ -115,8 +116,10 @@ static KEnt *cfg_intern(Cfg *c, const uint8_t *k, size_t kl) {
     return e;
 }
 
-/* Interns every key of the list (str) and marks it prompt (apart 0) or apart (1); 0: error set. */
-static int cfg_mark(Cfg *c, PyObject *keys, int apart) {
+enum { MARK_PROMPT, MARK_APART, MARK_ONCE };
+
+/* Interns every key of the list (str) and gives it the mark; 0: error set. */
+static int cfg_mark(Cfg *c, PyObject *keys, int mark) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
         Py_ssize_t kl;
         const char *k = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(keys, i), &kl);
@@ -126,23 +129,27 @@ static int cfg_mark(Cfg *c, PyObject *keys, int apart) {
             PyErr_NoMemory();
             return 0;
         }
-        if (apart) e->apart = 1;
+        if (mark == MARK_APART) e->apart = 1;
+        else if (mark == MARK_ONCE) e->once = 1;
         else e->prompt = 1;
     }
     return 1;
 }
 
 /* make_config(typed: tuple of 3 lists of (key: str, kind: int), prompt_keys: list[str],
- *             prompt_prefixes: list[str], apart_keys: list[str], max_str, max_apart_str,
- *             max_span_bytes, min_ns, max_ns). apart_keys: typed span keys whose string values
- *             stay out of the attributes JSON (stored apart): truncated at max_apart_str code
- *             points instead of max_str, and not counted in max_span_bytes. */
+ *             prompt_prefixes: list[str], apart_keys: list[str], once_keys: list[str], max_str,
+ *             max_apart_str, max_span_bytes, min_ns, max_ns). apart_keys: typed span keys whose
+ *             string values stay out of the attributes JSON (stored apart): truncated at
+ *             max_apart_str code points instead of max_str, and not counted in max_span_bytes.
+ *             once_keys: typed span keys left out of the attributes JSON when their column holds
+ *             the value exactly (held_exactly); still counted in max_span_bytes. */
 static PyObject *make_config(PyObject *self, PyObject *args) {
-    PyObject *typed, *pkeys, *pfx, *apart;
+    PyObject *typed, *pkeys, *pfx, *apart, *once;
     Py_ssize_t max_str, max_apart, max_span;
     unsigned long long min_ns, max_ns;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!nnnKK", &PyTuple_Type, &typed, &PyList_Type, &pkeys, &PyList_Type,
-                          &pfx, &PyList_Type, &apart, &max_str, &max_apart, &max_span, &min_ns, &max_ns))
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!nnnKK", &PyTuple_Type, &typed, &PyList_Type, &pkeys, &PyList_Type,
+                          &pfx, &PyList_Type, &apart, &PyList_Type, &once, &max_str, &max_apart, &max_span,
+                          &min_ns, &max_ns))
         return NULL;
     if (PyTuple_GET_SIZE(typed) != 3) {
         PyErr_SetString(PyExc_ValueError, "typed must hold 3 lists");
@@ -150,7 +157,8 @@ static PyObject *make_config(PyObject *self, PyObject *args) {
     }
     Cfg *c = calloc(1, sizeof(Cfg));
     if (!c) return PyErr_NoMemory();
-    size_t total = (size_t)PyList_GET_SIZE(pkeys) + (size_t)PyList_GET_SIZE(apart); /* entries at most */
+    size_t total = (size_t)PyList_GET_SIZE(pkeys) + (size_t)PyList_GET_SIZE(apart)
+                   + (size_t)PyList_GET_SIZE(once); /* entries at most */
     for (int t = 0; t < 3; t++) {
         PyObject *l = PyTuple_GET_ITEM(typed, t);
         if (!PyList_Check(l)) {
@@ -197,7 +205,7 @@ static PyObject *make_config(PyObject *self, PyObject *args) {
             c->types[t][i] = kind;
         }
     }
-    if (!cfg_mark(c, pkeys, 0) || !cfg_mark(c, apart, 1)) {
+    if (!cfg_mark(c, pkeys, MARK_PROMPT) || !cfg_mark(c, apart, MARK_APART) || !cfg_mark(c, once, MARK_ONCE)) {
         cfg_free(c);
         return NULL;
     }
@@ -986,7 +994,7 @@ static void al_kv(D *d, AL *al, const uint8_t *p, const uint8_t *end) {
             return;
         }
     }
-    if (e && !e->apart && al->ctx == CTX_SPAN && e->col[CTX_SPAN] >= 0) {
+    if (e && e->once && al->ctx == CTX_SPAN && e->col[CTX_SPAN] >= 0) {
         /* a typed span attribute: its entry goes to tjson, and stays there (counted towards the
          * span's size, never stored) when the column holds the value exactly */
         Buf *t = &d->tjson;

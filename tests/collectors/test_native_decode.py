@@ -9,6 +9,7 @@ requests full of edge cases, and on hand-written wire bytes protobuf's Python AP
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 import time
@@ -438,6 +439,8 @@ def test_registry_changes_are_followed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(semconv.TYPED_SPAN_ATTRIBUTES, "my.new.key", ("a_component", "VARCHAR"))
     batch = assert_native(body)
     assert batch is not None and batch.spans["a_component"].to_pylist() == ["hello"]
+    # two keys now share a_component, which holds one value: both stay in the attributes JSON
+    assert json.loads(batch.spans["attributes"][0].as_py()) == {"my.new.key": "hello", semconv.COMPONENT: "client"}
     monkeypatch.setitem(semconv.TYPED_EVENT_ATTRIBUTES, "ev.num", ("c_waiting", "BIGINT"))
     batch = assert_native(request(span(1, events=[Span.Event(name="e", attributes=[kv("ev.num", 7.9)])])))
     assert batch is not None and batch.events["c_waiting"].to_pylist() == [7]
