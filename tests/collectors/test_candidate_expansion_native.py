@@ -254,10 +254,12 @@ def test_a_lone_surrogate_counts_as_malformed() -> None:
 
 def test_config_with_keys_apart_from_the_typed_ones() -> None:
     """make_config sizes its key table for every key it interns: apart keys that are not typed
-    keys used to write past it (a crash or an endless probe), in a child so a crash shows."""
+    keys used to write past it (a crash or an endless probe); once keys likewise. In a child so a
+    crash shows."""
     code = ("from collectors.otlp import _native as n\n"
             "for _ in range(50):\n"
-            "    n.make_config(([], [], []), [], [], [f'k{i}' for i in range(40)], 16384, 2097152, 262144, 0, 2**63)\n")
+            "    n.make_config(([], [], []), [], [], [f'k{i}' for i in range(40)], [f'o{i}' for i in range(40)],\n"
+            "                  16384, 2097152, 262144, 0, 2**63)\n")
     done = subprocess.run([sys.executable, "-c", code], env={"MALLOC_CHECK_": "3", "PATH": ""},
                           cwd=Path(__file__).resolve().parents[2], timeout=60, capture_output=True)
     assert done.returncode == 0, done.stderr[-500:]
