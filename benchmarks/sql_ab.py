@@ -18,6 +18,14 @@ to compare), then the slowest relations. Run it once per tree on the same store.
     git worktree add /tmp/old HEAD~1
     python3 benchmarks/sql_ab.py refresh --db STORE --src /tmp/old
     python3 benchmarks/sql_ab.py refresh --db STORE --src .
+
+``relations``: the named relations only, built in the order given with the SQL of each tree in
+turn (``--src``, twice or more), round after round, each tree's round in a transaction rolled back
+afterwards, so the store is left as it was and every tree reads the same inputs except those it
+builds itself. Name the relations a change touches and the ones that read them.
+
+    python3 benchmarks/sql_ab.py relations --db STORE --src /tmp/old --src . --rounds 3 \\
+        int_attr_decisions_resolved int_attr_candidates_resolved int_attr_candidates_in_flight
 """
 
 from __future__ import annotations
@@ -107,6 +115,39 @@ def refresh(args: argparse.Namespace) -> None:
         print(f"  {name:40s} {kind:12s} {s:7.2f} s")
 
 
+def relations(args: argparse.Namespace) -> None:
+    import duckdb
+
+    trees = [Path(t).resolve() for t in args.src]
+    layer = {p.stem: p.parent.name for p in (ROOT / "audit" / "sql").glob("*/*.sql")}
+    unknown = [n for n in args.names if n not in layer]
+    if unknown:
+        raise SystemExit(f"no such relation: {', '.join(unknown)}")
+
+    def body(tree: Path, name: str) -> str:
+        return (tree / "audit" / "sql" / layer[name] / f"{name}.sql").read_text().strip().rstrip(";")
+
+    con = duckdb.connect(args.db)
+    times = {(t, n): [] for t in trees for n in args.names}
+    for _ in range(args.rounds):
+        for tree in trees:
+            con.execute("begin transaction")
+            try:
+                for name in args.names:
+                    t = time.perf_counter()
+                    con.execute(f"create or replace table {name} as\n{body(tree, name)}")
+                    times[tree, name].append(time.perf_counter() - t)
+            finally:
+                con.execute("rollback")
+            print(f"  {str(tree):40s} " + "  ".join(
+                f"{n} {times[tree, n][-1]:.2f}" for n in args.names), flush=True)
+    print(f"medians over {args.rounds} rounds; load {os.getloadavg()[0]:.1f}")
+    for tree in trees:
+        per = [statistics.median(times[tree, n]) for n in args.names]
+        print(f"  {str(tree):40s} total {sum(per):7.2f} s  " + "  ".join(
+            f"{n} {m:.2f}" for n, m in zip(args.names, per, strict=True)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -121,8 +162,13 @@ def main() -> None:
     r.add_argument("--db", required=True)
     r.add_argument("--src", default=str(ROOT))
     r.add_argument("--top", type=int, default=12)
+    q = sub.add_parser("relations", help="A/B named relations of two trees, interleaved")
+    q.add_argument("--db", required=True)
+    q.add_argument("--src", action="append", required=True, help="a source tree (twice or more)")
+    q.add_argument("--rounds", type=int, default=3)
+    q.add_argument("names", nargs="+", help="relations, in build order")
     args = ap.parse_args()
-    page(args) if args.what == "page" else refresh(args)
+    {"page": page, "refresh": refresh, "relations": relations}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 -- int_attr_candidates_in_flight: the TRUE state of each candidate replica at its decision instant
--- (grain: request_key, attempt, decision_span_id, replica), rebuilt from the executions in flight
+-- (grain: decision_seq, the decision's number in int_attr_decisions_resolved, and replica), rebuilt from the executions in flight
 -- there: waiting and running counts, remaining tokens, queued prefill tokens and the time until
 -- the last of them has its first token (drain). Candidates with nothing in flight have no row.
 -- Its own relation, with no shared CTE: DuckDB (2.0) plans a range join as an IEJoin, linear in
@@ -24,11 +24,9 @@ timed_ordered as (
             any_value(c.pending_total) as pending_total
         from int_attr_decisions_resolved as d
         inner join int_attr_candidates_resolved as c
-            on d.request_key = c.request_key
-            and d.attempt is not distinct from c.attempt
-            and d.decision_span_id is not distinct from c.decision_span_id
+            on d.decision_seq = c.decision_seq
         where d.is_final and c.evidence_source = 'recorded'
-        group by d.request_key, d.attempt, d.decision_span_id
+        group by d.decision_seq, d.request_key
     ) as o
         on e.request_key = o.request_key
 ),
@@ -39,9 +37,8 @@ candidate_instants as (
     -- rather than a hash join on replica comparing every pair; present_work re-checks the
     -- replica, so a hash collision cannot mix replicas
     select
+        c.decision_seq,
         c.request_key,
-        c.attempt,
-        c.decision_span_id,
         c.replica,
         d.decided_at,
         d.router_id,
@@ -51,9 +48,7 @@ candidate_instants as (
         (cast(hash(c.replica) >> 2 as hugeint) << 64) + epoch_us(d.decided_at) as decided_key
     from int_attr_candidates_resolved as c
     inner join int_attr_decisions_resolved as d
-        on c.request_key = d.request_key
-        and c.attempt is not distinct from d.attempt
-        and c.decision_span_id is not distinct from d.decision_span_id
+        on c.decision_seq = d.decision_seq
 ),
 
 present_work as (
@@ -63,9 +58,7 @@ present_work as (
     -- different pending totals, the smaller came first; else, on the replica that ran this
     -- request, it came first when its prefill started first (FCFS); else it counts
     select
-        c.request_key,
-        c.attempt,
-        c.decision_span_id,
+        c.decision_seq,
         c.replica,
         c.decided_at,
         e.replica = c.replica as same_replica,
@@ -109,9 +102,7 @@ present_work as (
 
 final as (
     select
-        request_key,
-        attempt,
-        decision_span_id,
+        decision_seq,
         replica,
         count(*) filter (where same_replica and is_queued) as true_waiting,
         count(*) filter (where same_replica and not is_queued) as true_running,

@@ -1,5 +1,5 @@
 -- int_attr_candidates_resolved: one row per candidate replica per decision (grain: request_key,
--- attempt, decision_span_id, replica): what the router recorded about the candidate or, for a
+-- attempt, decision_span_id, replica; decision_seq stands for the decision): what the router recorded about the candidate or, for a
 -- decision recorded without candidates, every replica of its run as the last /metrics scrape
 -- before the decision showed it (evidence_source says which). pending_total: the sum of the
 -- recorded candidates' pending counts of the decision; a router counts its own assignments not
@@ -20,6 +20,7 @@ timed as (
 
 candidates_recorded as (
     select
+        d.decision_seq,
         d.request_key,
         d.attempt,
         d.decision_span_id,
@@ -75,6 +76,7 @@ scrapes as (
 
 reconstructed_pairs as (
     select
+        d.decision_seq,
         d.request_key,
         d.attempt,
         d.decision_span_id,
@@ -86,6 +88,7 @@ reconstructed_pairs as (
         on d.run_id is not distinct from x.run_id
     union
     select
+        d.decision_seq,
         d.request_key,
         d.attempt,
         d.decision_span_id,
@@ -98,6 +101,7 @@ reconstructed_pairs as (
 
 candidates_reconstructed as (
     select
+        p.decision_seq,
         p.request_key,
         p.attempt,
         p.decision_span_id,
@@ -134,7 +138,7 @@ final as (
     select
         *,
         sum(seen_pending) filter (where evidence_source = 'recorded') over (
-            partition by request_key, attempt, decision_span_id
+            partition by decision_seq
         ) as pending_total
     from candidates_resolved
 )

@@ -87,13 +87,9 @@ candidates_with_state as (
         greatest(coalesce(s.drain_ms, 0.0) - d.forward_delay_ms, 0.0) as wait_est_ms
     from candidates_resolved as c
     inner join decisions_resolved as d
-        on c.request_key = d.request_key
-        and c.attempt is not distinct from d.attempt
-        and c.decision_span_id is not distinct from d.decision_span_id
+        on c.decision_seq = d.decision_seq
     left join true_state_aggregated as s
-        on c.request_key = s.request_key
-        and c.attempt is not distinct from s.attempt
-        and c.decision_span_id is not distinct from s.decision_span_id
+        on c.decision_seq = s.decision_seq
         and c.replica = s.replica
     left join observed_replicas as o
         on c.replica = o.replica
@@ -103,10 +99,10 @@ candidates_with_state as (
 
 chosen_telemetry as (
     select
-        c.request_key,
+        c.decision_seq,
         d.request_id,
-        c.attempt,
-        c.decision_span_id,
+        d.request_key,
+        d.attempt,
         d.run_id,
         d.decided_at,
         d.chosen_replica,
@@ -115,9 +111,7 @@ chosen_telemetry as (
         coalesce(c.seen_pending, 0) as seen_pending
     from candidates_resolved as c
     inner join decisions_resolved as d
-        on c.request_key = d.request_key
-        and c.attempt is not distinct from d.attempt
-        and c.decision_span_id is not distinct from d.decision_span_id
+        on c.decision_seq = d.decision_seq
     where c.chosen and c.telemetry_ts is not null
 ),
 
@@ -150,9 +144,7 @@ herding_members as (
 preemptions_nearby as (
     -- other requests on the chosen replica preempted while this one waited
     select
-        d.request_key,
-        d.attempt,
-        d.decision_span_id,
+        d.decision_seq,
         sum(e.preemptions) as preemptions_nearby
     from decisions_resolved as d
     inner join timed as e
@@ -169,33 +161,24 @@ cache_shortfalls as (
     -- (or reported none): the only ones the prefix evidence below can change, as the ideal
     -- placement's cache and the eviction cause both start from such a shortfall. Restricting
     -- the block lookup to them keeps it a fraction of all prefix blocks.
-    select
-        c.request_key,
-        c.attempt,
-        c.decision_span_id
+    select c.decision_seq
     from candidates_resolved as c
     inner join decisions_resolved as d
-        on c.request_key = d.request_key
-        and c.attempt is not distinct from d.attempt
-        and c.decision_span_id is not distinct from d.decision_span_id
-    group by c.request_key, c.attempt, c.decision_span_id
+        on c.decision_seq = d.decision_seq
+    group by c.decision_seq
     having max(c.predicted_cached_tokens) > coalesce(any_value(d.exec_cached_tokens), 0)
 ),
 
 decision_blocks as (
     select
-        d.request_key,
-        d.attempt,
-        d.decision_span_id,
+        d.decision_seq,
         d.chosen_replica,
         coalesce(d.exec_prefill_start_at, d.decided_at) as needed_at,
         len(p.prefix_hashes) as n_blocks,
         unnest(p.prefix_hashes) as block_hash
     from decisions_resolved as d
     semi join cache_shortfalls as f
-        on d.request_key = f.request_key
-        and d.attempt is not distinct from f.attempt
-        and d.decision_span_id is not distinct from f.decision_span_id
+        on d.decision_seq = f.decision_seq
     inner join decision_prefixes as p
         on d.request_key = p.request_key
         and d.decision_span_id = p.decision_span_id
@@ -259,9 +242,7 @@ prefix_served as (
     -- the blocks found form a prefix and their count is the longest shared prefix. Looking back
     -- at most 300 s (which keeps the search linear in the number of requests).
     select
-        request_key,
-        attempt,
-        decision_span_id,
+        decision_seq,
         max(served_at) as prefix_last_served_at,
         count(served_at) as prefix_shared_blocks,
         count(served_at) / any_value(n_blocks) as prefix_shared_frac
@@ -285,37 +266,31 @@ decisions_evidenced as (
         s.prefix_shared_frac
     from decisions_resolved as d
     left join herding_members as h
-        on d.request_key = h.request_key
-        and d.attempt is not distinct from h.attempt
-        and d.decision_span_id is not distinct from h.decision_span_id
+        on d.decision_seq = h.decision_seq
     left join preemptions_nearby as n
-        on d.request_key = n.request_key
-        and d.attempt is not distinct from n.attempt
-        and d.decision_span_id is not distinct from n.decision_span_id
+        on d.decision_seq = n.decision_seq
     left join decision_prefixes as p
         on d.request_key = p.request_key
         and d.decision_span_id = p.decision_span_id
     left join prefix_served as s
-        on d.request_key = s.request_key
-        and d.attempt is not distinct from s.attempt
-        and d.decision_span_id is not distinct from s.decision_span_id
+        on d.decision_seq = s.decision_seq
 ),
 
 final as (
     select
         r.request_key,
-        d.* exclude (request_key, request_id, run_id, router_id, policy, chosen_replica),
+        d.* exclude (
+            decision_seq, request_key, request_id, run_id, router_id, policy, chosen_replica
+        ),
         d.router_id as decision_router_id,
         d.policy as decision_policy,
         d.chosen_replica as decision_replica,
-        c.* exclude (request_key, attempt, decision_span_id)
+        c.* exclude (decision_seq, request_key, attempt, decision_span_id)
     from all_requests as r
     left join decisions_evidenced as d
         on r.request_key = d.request_key
     left join candidates_with_state as c
-        on d.request_key = c.request_key
-        and d.attempt is not distinct from c.attempt
-        and d.decision_span_id is not distinct from c.decision_span_id
+        on d.decision_seq = c.decision_seq
 )
 
 select * from final
