@@ -84,16 +84,34 @@ chosen as (
 ),
 
 best_alternative as (
-    select *
+    -- the columns final reads of the lowest (ttft_est_ms, replica): one hash aggregate, where a
+    -- top-1 window sorted every candidate row (7.6 -> 5.3 s at 1M requests, same rows)
+    select
+        request_key,
+        unnest(arg_min(
+            {
+                'replica': replica,
+                'seen_waiting': seen_waiting,
+                'seen_running': seen_running,
+                'true_running': true_running,
+                'seen_pending': seen_pending,
+                'true_waiting': true_waiting,
+                'wait_est_ms': wait_est_ms,
+                'prefill_est_ms': prefill_est_ms,
+                'ttft_est_ms': ttft_est_ms,
+                'cached_assumed_tokens': cached_assumed_tokens,
+                'router_est_queue_ms': router_est_queue_ms,
+                'router_est_prefill_ms': router_est_prefill_ms
+            },
+            (ttft_est_ms, replica)
+        ))
     from final_rows
     where
         not chosen
         and eligible
         and replica_observed
         and ttft_est_ms is not null
-    qualify row_number() over (
-        partition by request_key order by ttft_est_ms, replica
-    ) = 1
+    group by request_key
 ),
 
 final as (

@@ -26,11 +26,15 @@ side_spans as (
 
 ancestry as (
 
+    -- each step carries the ancestor's role and probe flag with it, so no join looks them up
     select
         side_spans.trace_id,
         side_spans.span_id,
         side_spans.span_id as ancestor_span_id,
         side_spans.parent_span_id as next_span_id,
+        side_spans.span_role as ancestor_role,
+        false as ancestor_is_probe,
+        side_spans.span_role,
         0 as depth
     from side_spans
 
@@ -41,6 +45,9 @@ ancestry as (
         ancestry.span_id,
         parent_spans.span_id as ancestor_span_id,
         parent_spans.parent_span_id as next_span_id,
+        parent_spans.span_role as ancestor_role,
+        parent_spans.is_probe as ancestor_is_probe,
+        ancestry.span_role,
         ancestry.depth + 1 as depth
     from ancestry
     inner join stg_spans_source as parent_spans
@@ -50,27 +57,13 @@ ancestry as (
 
 ),
 
-ancestry_with_roles as (
-
-    select
-        ancestry.trace_id,
-        ancestry.span_id,
-        ancestry.ancestor_span_id,
-        ancestry.depth,
-        ancestor_spans.span_role as ancestor_role
-    from ancestry
-    inner join stg_spans_source as ancestor_spans
-        on ancestor_spans.trace_id = ancestry.trace_id
-        and ancestor_spans.span_id = ancestry.ancestor_span_id
-    where not ancestor_spans.is_probe
-
-),
-
 anchors_per_span as (
 
+    -- every side span has its own row (depth 0, never a probe), so every one has a group
     select
         trace_id,
         span_id,
+        any_value(span_role) as span_role,
         min_by(ancestor_span_id, depth)
             filter (where ancestor_role = 'client') as nearest_client_span_id,
         max_by(ancestor_span_id, depth)
@@ -79,7 +72,8 @@ anchors_per_span as (
         max_by(ancestor_span_id, depth)
             filter (where ancestor_role = 'replica')
             as topmost_replica_span_id
-    from ancestry_with_roles
+    from ancestry
+    where not ancestor_is_probe
     group by trace_id, span_id
 
 ),
@@ -87,26 +81,23 @@ anchors_per_span as (
 final as (
 
     select
-        side_spans.trace_id,
-        side_spans.span_id,
-        side_spans.span_role,
+        trace_id,
+        span_id,
+        span_role,
         coalesce(
-            anchors_per_span.nearest_client_span_id,
-            anchors_per_span.topmost_router_span_id,
-            anchors_per_span.topmost_replica_span_id,
-            side_spans.span_id
+            nearest_client_span_id,
+            topmost_router_span_id,
+            topmost_replica_span_id,
+            span_id
         ) as anchor_span_id,
         case
-            when anchors_per_span.nearest_client_span_id is not null
+            when nearest_client_span_id is not null
                 then 'client'
-            when anchors_per_span.topmost_router_span_id is not null
+            when topmost_router_span_id is not null
                 then 'router'
             else 'replica'
         end as anchor_role
-    from side_spans
-    left join anchors_per_span
-        on anchors_per_span.trace_id = side_spans.trace_id
-        and anchors_per_span.span_id = side_spans.span_id
+    from anchors_per_span
 
 )
 
