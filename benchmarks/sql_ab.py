@@ -116,7 +116,10 @@ def refresh(args: argparse.Namespace) -> None:
 
 
 def relations(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT))
     import duckdb
+
+    from audit._relations import _drop
 
     trees = [Path(t).resolve() for t in args.src]
     layer = {p.stem: p.parent.name for p in (ROOT / "audit" / "sql").glob("*/*.sql")}
@@ -128,7 +131,7 @@ def relations(args: argparse.Namespace) -> None:
         return (tree / "audit" / "sql" / layer[name] / f"{name}.sql").read_text().strip().rstrip(";")
 
     con = duckdb.connect(args.db)
-    times = {(t, n): [] for t in trees for n in args.names}
+    times: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in args.names}
     for _ in range(args.rounds):
         for tree in trees:
             con.execute("begin transaction")
@@ -136,10 +139,7 @@ def relations(args: argparse.Namespace) -> None:
                 for name in args.names:
                     # a parametrised relation is a view in the store: built as a table here,
                     # which is what refresh() stores for the cached ones
-                    for (kind,) in con.execute(
-                            "select table_type from information_schema.tables "
-                            "where table_schema = 'main' and table_name = ?", [name]).fetchall():
-                        con.execute(f"drop {'view' if kind == 'VIEW' else 'table'} {name}")
+                    _drop(con, name)
                     t = time.perf_counter()
                     con.execute(f"create table {name} as\n{body(tree, name)}")
                     times[tree, name].append(time.perf_counter() - t)

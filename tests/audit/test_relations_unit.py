@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 from relation_rows import MS, REPLICA_NAMES, STATUS_CASES, T0, RawRows, one_request, query
 
+from audit import semconv
 from audit._store import Store
 
 Marts = dict[str, pl.DataFrame]
@@ -196,3 +197,27 @@ def test_router_clock_jump_is_flagged(make_store: Callable[..., Store]) -> None:
     ).item()
     assert status == "inconsistent"
     assert got.height == 2 and all(got["clock_suspect"])
+
+
+def test_a_probe_ancestor_never_anchors(make_store: Callable[..., Store]) -> None:
+    """A replica span under a router health probe is its own request's side, not the probe's:
+    the parent-chain walk passes through a probe but never takes it as the anchor."""
+    rows = RawRows()
+    rows.span(
+        "p1", "aa", None, "http_request", kind="server", start_ns=T0, end_ns=T0 + 5 * MS,
+        attrs={semconv.COMPONENT: "router", semconv.HTTP_METHOD: "GET",
+               semconv.REQUEST_ENDPOINT: "/health"},
+        resource={semconv.HOST_NAME: "router-host"},
+    )
+    rows.span(
+        "p1", "bb", "aa", semconv.SPAN_VLLM_REQUEST, kind="server",
+        start_ns=T0 + MS, end_ns=T0 + 4 * MS,
+        attrs={semconv.COMPONENT: "replica", semconv.REQUEST_ID: "under-probe"},
+        resource={semconv.HOST_NAME: "replica-host"},
+    )
+    got = query(make_store(rows), "select span_id, span_role, anchor_span_id, anchor_role "
+                                  "from int_spans_anchored_by_trace")
+    assert got.rows(named=True) == [{
+        "span_id": "bb".rjust(16, "0"), "span_role": "replica",
+        "anchor_span_id": "bb".rjust(16, "0"), "anchor_role": "replica",
+    }]

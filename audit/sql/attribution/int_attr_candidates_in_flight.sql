@@ -1,10 +1,11 @@
 -- int_attr_candidates_in_flight: the TRUE state of each candidate replica at its decision instant
--- (grain: decision_seq, the decision's number in int_attr_decisions_resolved, and replica), rebuilt from the executions in flight
--- there: waiting and running counts, remaining tokens, queued prefill tokens and the time until
--- the last of them has its first token (drain). Candidates with nothing in flight have no row.
--- Its own relation, with no shared CTE: DuckDB (2.0) plans a range join as an IEJoin, linear in
--- its output, only in a query without materialised CTEs; otherwise it falls back to a
--- piecewise merge join that compares every pair and grows quadratically with the store.
+-- (grain: decision_seq, the decision's number in int_attr_decisions_resolved, and replica),
+-- rebuilt from the executions in flight there: waiting and running counts, remaining tokens,
+-- queued prefill tokens and the time until the last of them has its first token (drain).
+-- Candidates with nothing in flight have no row. Its own relation, with no shared CTE: DuckDB
+-- (2.0) plans a range join as an IEJoin, linear in its output, only in a query without
+-- materialised CTEs; otherwise it falls back to a piecewise merge join that compares every pair
+-- and grows quadratically with the store.
 with
 
 timed_ordered as (

@@ -1,9 +1,10 @@
 -- int_attr_candidates_resolved: one row per candidate replica per decision (grain: request_key,
--- attempt, decision_span_id, replica; decision_seq stands for the decision): what the router recorded about the candidate or, for a
--- decision recorded without candidates, every replica of its run as the last /metrics scrape
--- before the decision showed it (evidence_source says which). pending_total: the sum of the
--- recorded candidates' pending counts of the decision; a router counts its own assignments not
--- yet in telemetry, so within one instant the smaller total was decided first.
+-- attempt, decision_span_id, replica; decision_seq stands for the decision): what the router
+-- recorded about the candidate or, for a decision recorded without candidates, every replica of
+-- its run as the last /metrics scrape before the decision showed it (evidence_source says which).
+-- pending_total: the sum of the recorded candidates' pending counts of the decision; a router
+-- counts its own assignments not yet in telemetry, so within one instant the smaller total was
+-- decided first.
 with
 
 decisions_resolved as (
