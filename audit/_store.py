@@ -194,6 +194,7 @@ class Store:
         them; events passed without their span are stored where the table lacks them. When this
         returns, the rows survive a crash (WAL synced on commit).
         """
+        spans, events, snapshots = (as_inserted(t) for t in (spans, events, snapshots))
         with self._lock:
             con = self._con
             con.execute("begin transaction")
@@ -271,6 +272,31 @@ class Store:
                         self._con.execute("checkpoint")
                     finally:
                         self._con.close()
+
+
+def without_null_columns(table: pa.Table | None) -> pa.Table | None:
+    """``table`` without the columns that hold only nulls.
+
+    The inserts go ``by name``, so a column left out is stored as null all the same, and DuckDB
+    then need not convert and append a null Arrow array per column: a fleet fills the typed
+    columns of the names its own router and engine emit and leaves the others null (28 of 90 in
+    the testbed's batches), and leaving them out made ``Store.append`` about 11 % cheaper per
+    span (docs/performance.md, tenth session).
+    """
+    if table is None or not table.num_rows:
+        return table
+    n = table.num_rows
+    keep = [i for i, col in enumerate(table.columns) if col.null_count < n]
+    return table if len(keep) in (0, table.num_columns) else table.select(keep)
+
+
+def as_inserted(table: pa.Table | None) -> pa.Table | None:
+    """``table`` in the shape :meth:`Store.append` inserts: without its all-null columns, in one
+    chunk. DuckDB scans an Arrow table chunk by chunk in parallel, and for an insert that
+    parallelism bought no time on two cores but cost 11 % more CPU per span (coordinating the
+    threads' row groups), CPU the decoders needed (docs/performance.md, tenth session)."""
+    narrow = without_null_columns(table)
+    return None if narrow is None else narrow.combine_chunks()
 
 
 def _add_missing_raw_columns(con: duckdb.DuckDBPyConnection) -> None:
@@ -428,11 +454,44 @@ class Reader:
 
 def _reads_relations(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
     """Whether ``sql`` reads a relation (not only raw tables): only then can a refresh matter."""
+    names: set[str] | None
     try:
-        names = con.get_table_names(sql)
+        names = set(con.get_table_names(sql))
     except duckdb.Error:
+        # get_table_names refuses a query with parameters (`?`, `$1`); the parse tree names
+        # its tables all the same, so a lookup by request id need not wait for a rebuild.
+        names = _parsed_table_names(con, sql)
+    if names is None:
         return True  # cannot tell: refresh, to be safe
-    return bool(set(names) - set(RAW_TABLES) - {"routeaudit_meta"})
+    return bool(names - set(RAW_TABLES) - {"routeaudit_meta"})
+
+
+def _parsed_table_names(con: duckdb.DuckDBPyConnection, sql: str) -> set[str] | None:
+    """The base tables ``sql``'s parse tree names, less the names of its CTEs (as
+    ``get_table_names`` leaves them out); None when DuckDB cannot serialise the statements."""
+    try:
+        tree = json.loads(con.execute("select json_serialize_sql(?)", [sql]).fetchall()[0][0])
+    except (duckdb.Error, ValueError, TypeError):
+        return None
+    if tree.get("error"):
+        return None
+    tables: set[str] = set()
+    ctes: set[str] = set()
+    stack: list[Any] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "TABLE_FUNCTION":
+                return None  # query_table(?) and the like name their tables at run time
+            if node.get("type") == "BASE_TABLE" and isinstance(node.get("table_name"), str):
+                tables.add(node["table_name"])
+            cte_map = node.get("cte_map")
+            if isinstance(cte_map, dict):
+                ctes.update(e["key"] for e in cte_map.get("map", []) if isinstance(e, dict) and "key" in e)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return tables - ctes
 
 
 def _run(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None,

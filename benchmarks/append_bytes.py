@@ -1,12 +1,18 @@
-"""What storing each attribute value once saves the writer (docs/performance.md, eighth session).
+"""What the shape of its input costs the writer (docs/performance.md, eighth and tenth sessions).
 
 ``Store.append`` in isolation, in groups of ``--group`` spans with their events (fresh trace ids
-per copy, so nothing is a duplicate), for the testbed's spans (``benchmarks/ingest.py``'s
-templates) decoded by the collector's decoder, in two forms, interleaved for ``--rounds``:
+per copy, so nothing is a duplicate; a group is many decoded 512-span tables, one Arrow chunk
+each, as the collector's writer concatenates them), for the testbed's spans
+(``benchmarks/ingest.py``'s templates) decoded by the collector's decoder, in three forms,
+interleaved for ``--rounds``:
 
-- ``stored once``: the decoder's ``raw_spans.attributes`` (what no typed column holds exactly);
-- ``whole``: every span attribute in the JSON, as stores kept it before (rebuilt from the same
-  requests by the Python decoder's value converter).
+- ``stored once``: the decoder's ``raw_spans.attributes`` (what no typed column holds exactly),
+  inserted as ``Store.append`` does (``audit._store.as_inserted``: all-null columns left out,
+  one chunk);
+- ``every column``: the same tables inserted as they come (every column, chunked), as the
+  writer did before the tenth session;
+- ``whole``: every span attribute in the JSON, as stores kept it before the eighth session
+  (rebuilt from the same requests by the Python decoder's value converter).
 
 Prints spans per second (wall) and per CPU second of this process (DuckDB's threads included).
 
@@ -57,7 +63,8 @@ def main() -> None:
     import pyarrow.compute as pc
     from ingest import make_templates
 
-    from audit._store import Store
+    import audit._store
+    from audit._store import Store, as_inserted
     from collectors.otlp._decode import decode_protobuf
 
     bodies = make_templates(args.requests, 512, args.cache)
@@ -68,7 +75,7 @@ def main() -> None:
     if len(whole) != spans.num_rows:
         raise SystemExit(f"{len(whole)} whole JSON texts for {spans.num_rows} decoded spans")
     col = spans.schema.get_field_index("attributes")
-    forms = {"stored once": spans,
+    forms = {"stored once": spans, "every column": spans,
              "whole": spans.set_column(col, "attributes", pa.array(whole, pa.string()))}
     for name, t in forms.items():
         chars = sum(len(x or "") for x in t.column("attributes").to_pylist()) / t.num_rows
@@ -82,6 +89,8 @@ def main() -> None:
 
     for rnd in range(args.rounds):
         for name, form in forms.items():
+            # the only difference of "every column": Store.append takes its input as it comes
+            audit._store.as_inserted = (lambda t: t) if name == "every column" else as_inserted
             with tempfile.TemporaryDirectory() as tmp:
                 store = Store(Path(tmp) / "s.duckdb", refresh_interval_s=3600)
                 n, wall, cpu = 0, 0.0, 0.0

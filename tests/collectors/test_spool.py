@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from audit import semconv
 from collectors.otlp import Collector, CollectorConfig
 from collectors.otlp._errors import StartError, WriterUnavailable
 from collectors.otlp._spool import Spool, encode_record, read_segment, spool_path
@@ -30,13 +31,13 @@ def _no_views(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("audit._relations.install", lambda con, temporary=False: None)
 
 
-def _spans(n: int, name: str = "s") -> list:
+def _spans(n: int, name: str = "s", attributes: dict[str, object] | None = None) -> list:
     mem = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "spool"}))
     provider.add_span_processor(SimpleSpanProcessor(mem))
     tracer = provider.get_tracer("spool")
     for i in range(n):
-        with tracer.start_as_current_span(f"{name}{i}", attributes={"i": i}):
+        with tracer.start_as_current_span(f"{name}{i}", attributes={"i": i, **(attributes or {})}):
             pass
     spans = list(mem.get_finished_spans())
     provider.shutdown()
@@ -195,6 +196,67 @@ def test_spans_left_in_the_spool_are_replayed_even_without_spool(tmp_path: Path)
         assert c.metrics.value("spool_replayed_spans") == 15
         assert _count(c) == 15
     assert not spool_path(db).exists()
+
+
+_DECISION = {semconv.REQUEST_ID: "req", semconv.REQUEST_PREFIX_HASHES: ["00ff", "0a0b"]}
+_REPLICA = {semconv.REPLICA_ID: "rep-0", semconv.RESPONSE_FINISH_REASONS: ["stop"]}
+_TYPED_SQL = ("select name, a_request_id, a_prefix_hashes, a_replica_id, a_finish_reasons "
+              "from raw_spans order by name")
+
+
+def _typed_rows(c: Collector) -> dict[str, tuple]:
+    r = httpx.post(c.query_url, json={"sql": _TYPED_SQL})
+    return {row["name"]: tuple(row.values())[1:] for row in pa.ipc.open_stream(r.content).read_all().to_pylist()}
+
+
+def _assert_typed(rows: dict[str, tuple], names: dict[str, dict[str, object]]) -> None:
+    for prefix, attrs in names.items():
+        want = (attrs.get(semconv.REQUEST_ID), attrs.get(semconv.REQUEST_PREFIX_HASHES),
+                attrs.get(semconv.REPLICA_ID), attrs.get(semconv.RESPONSE_FINISH_REASONS))
+        got = [v for k, v in rows.items() if k.startswith(prefix)]
+        assert got and all(g == want for g in got), (prefix, got)
+
+
+def test_batches_with_different_typed_columns_commit_in_one_group(tmp_path: Path) -> None:
+    """A batch leaves its all-null typed columns out (of the spool record and the insert), so
+    batches of decision and replica spans differ in columns; a group merging them commits in one
+    go and keeps every value."""
+    release = threading.Event()
+    cfg = CollectorConfig(db_path=tmp_path / "sp.duckdb", http_port=0, grpc_port=None, spool=True)
+    with Collector(cfg, before_commit=lambda: release.wait(30)) as c:
+        exporter = OTLPSpanExporter(endpoint=c.traces_url, timeout=10)
+        for name, attrs in (("a", _DECISION), ("b", _REPLICA), ("c", _DECISION), ("d", {})):
+            assert exporter.export(_spans(4, name, attrs)) is SpanExportResult.SUCCESS
+        release.set()
+        deadline = time.monotonic() + 30
+        while _count(c) < 16 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _count(c) == 16
+        assert c.metrics.value("commit_failures") == 0 and c.metrics.value("commits") < 4
+        _assert_typed(_typed_rows(c), {"a": _DECISION, "b": _REPLICA, "c": _DECISION, "d": {}})
+        exporter.shutdown()
+
+
+def test_spooled_records_with_different_columns_are_replayed_together(tmp_path: Path) -> None:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from audit._store import without_null_columns
+    from collectors.otlp._decode import decode_protobuf
+
+    db = tmp_path / "sp.duckdb"
+    left = Spool(spool_path(db))
+    left.start()
+    for name, attrs in (("a", _DECISION), ("b", _REPLICA)):
+        batch = decode_protobuf(encode_spans(_spans(3, name, attrs)).SerializeToString(), time.time_ns())
+        fut: Future[None] = Future()
+        left.append_record(encode_record(without_null_columns(batch.spans), batch.events), fut)
+        fut.result(10)
+    left.close()
+
+    with Collector(CollectorConfig(db_path=db, http_port=0, grpc_port=None)) as c:
+        assert c.metrics.value("spool_replayed_spans") == 6
+        assert c.metrics.value("commit_failures") == 0
+        _assert_typed(_typed_rows(c), {"a": _DECISION, "b": _REPLICA})
 
 
 def test_an_unusable_spool_folder_is_a_start_error(tmp_path: Path) -> None:
