@@ -251,13 +251,18 @@ def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:
 
 
 def install(con: duckdb.DuckDBPyConnection, *, temporary: bool = False) -> None:
-    """Create every relation as a view on ``con`` (slow to plan; see the module docstring).
+    """Create every relation on ``con`` as :func:`refresh` does, without its cached tables:
+    tables for the plain relations, views for the parametrised ones.
 
-    ``temporary`` views live only on this connection: used by read-only readers whose store was
-    written by another version of routeaudit, which cannot refresh it.
+    ``temporary`` tables and views live only on this connection (and shadow the store's own):
+    used by read-only readers whose store was written by another version of routeaudit, which
+    cannot refresh it. Views throughout, as this was before, took 80 s to create even over
+    empty raw tables, each view binding the whole stack beneath it (see the module docstring).
     """
-    kind = "temp view" if temporary else "view"
-    for rel in load_relations():
+    rels = load_relations()
+    views = parametrised(rels) | set(ALWAYS_VIEWS)
+    for rel in rels:
+        kind = ("temp " if temporary else "") + ("view" if rel.name in views else "table")
         body = rel.sql.strip().rstrip(";")
         try:
             con.execute(f"create or replace {kind} {rel.name} as\n{body}")

@@ -424,7 +424,8 @@ class Reader:
                     return self._query_file(sql, params, variables)
                 con = self._connect_read_only()
                 _tune(con)
-                # Written by another version and cannot be rebuilt now: correct but slow.
+                # Written by another version and cannot be rebuilt now: this connection builds
+                # its own (a refresh's work, for every query).
                 _relations.install(con, temporary=True)
             return _run(con, sql, params, variables)
         finally:
@@ -441,7 +442,8 @@ class Reader:
 
     def _rebuild(self) -> bool:
         """Rebuild the relations of a store written by another version of the SQL, when no
-        other process holds the file; False when it cannot (then reads use temporary views)."""
+        other process holds the file; False when it cannot (then each read builds temporary
+        relations of its own)."""
         if self._rebuild_tried:
             return False
         self._rebuild_tried = True

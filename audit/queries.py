@@ -130,10 +130,14 @@ def _query(reader: Reads, sql: str, params: Sequence[Any] | None = None,
 # What exists
 # --------------------------------------------------------------------------------------------
 def relation_columns(reader: Reads) -> dict[str, list[str]]:
-    """Every relation visible to the reader (views, tables, temp views) and its columns."""
+    """Every relation visible to the reader (views, tables, temp ones) and its columns; a
+    temporary relation shadows the store's own of that name, as it does in queries."""
     df = reader.query(
         "select table_name, list(column_name order by ordinal_position) as columns "
-        "from information_schema.columns group by table_name"
+        "from information_schema.columns as c "
+        "where table_catalog = 'temp' or not exists (select 1 from information_schema.tables as t "
+        "where t.table_catalog = 'temp' and t.table_name = c.table_name) "
+        "group by table_name"
     )
     return {str(r["table_name"]): list(r["columns"]) for r in df.iter_rows(named=True)}
 

@@ -352,3 +352,38 @@ def test_all_null_columns_are_left_out_of_the_insert_and_read_back_as_null(store
          "a_attempt": None, "a_replica_id": None},
         {"span_id": "00000000000000d2", "a_request_id": None, "a_prefix_hashes": None,
          "a_attempt": 2, "a_replica_id": None}]
+
+
+def test_a_store_that_cannot_be_rebuilt_is_read_through_relations_of_its_own(
+        store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Written by another version of the SQL and not rebuildable now (another process holds it):
+    # each read builds this version's relations on its own connection, temporary tables and
+    # views shadowing the store's, and answers as a current store would.
+    from relation_rows import scenario_rows, scenario_snapshots
+
+    from audit._store import Reader
+
+    spans, events = scenario_rows().tables()
+    store = Store(store_path)
+    store.append(spans=spans, events=events, snapshots=scenario_snapshots())
+    store.close()
+    reads = ["select * from requests order by all", "select * from attributions order by all",
+             "select * from slow_requests order by all"]
+    want = [audit.open(store_path).query(sql) for sql in reads]
+    assert want[1].height > 0  # the scenarios have attributed requests
+    con = duckdb.connect(str(store_path))
+    con.execute("update routeaudit_meta set value = 'older' where key = 'relations_version'")
+    con.execute("delete from requests")  # stale: what this version builds must shadow it
+    con.close()
+
+    monkeypatch.setattr(Reader, "_rebuild", lambda self: False)
+    reader = audit.open(store_path)
+    for sql, rows in zip(reads, want, strict=True):
+        assert reader.query(sql).equals(rows), sql
+    from audit.queries import relation_columns
+
+    assert relation_columns(reader)["requests"] == want[0].columns  # listed once, as read
+    con = duckdb.connect(str(store_path), read_only=True)
+    assert con.sql("select value from routeaudit_meta where key = 'relations_version'").fetchall() == [("older",)]
+    assert con.sql("select count(*) from requests").fetchall() == [(0,)]  # the store's own, untouched
+    con.close()

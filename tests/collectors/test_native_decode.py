@@ -535,10 +535,9 @@ def test_wire_oddities_equal(body: bytes) -> None:
 
 # -- receivers ----------------------------------------------------------------------------------------
 @pytest.fixture
-def collector(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def collector(tmp_path: Path) -> Iterator[Any]:
     from collectors.otlp import Collector, CollectorConfig
 
-    monkeypatch.setattr("audit._relations.install", lambda con, temporary=False: None)
     with Collector(CollectorConfig(db_path=tmp_path / "audit.duckdb", http_port=0, grpc_port=0)) as c:
         yield c
 

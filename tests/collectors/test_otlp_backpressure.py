@@ -26,12 +26,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from collectors.otlp import Collector, CollectorConfig
 
 
-@pytest.fixture(autouse=True)
-def _no_views(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The receiver writes raw tables only; skip installing the (slow) SQL relations."""
-    monkeypatch.setattr("audit._relations.install", lambda con, temporary=False: None)
-
-
 def _batches(n_batches: int, per_batch: int) -> list[list[ReadableSpan]]:
     mem = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "bp"}))

@@ -61,15 +61,13 @@ SEED_JSON = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
 
 @pytest.fixture(scope="module")
 def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Collector]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("audit._relations.install", lambda con, temporary=False: None)
-        cfg = CollectorConfig(db_path=tmp_path_factory.mktemp("fuzz") / "fuzz.duckdb", http_port=0,
-                              grpc_port=None, max_body_bytes=256 * 1024, max_decompressed_bytes=1024 * 1024)
-        with Collector(cfg) as c:
-            yield c
-            health = httpx.get(c.http_url + "/health").json()
-            assert health["status"] == "ok"
-            assert health["counters"]["internal_errors"] == 0, health
+    cfg = CollectorConfig(db_path=tmp_path_factory.mktemp("fuzz") / "fuzz.duckdb", http_port=0,
+                          grpc_port=None, max_body_bytes=256 * 1024, max_decompressed_bytes=1024 * 1024)
+    with Collector(cfg) as c:
+        yield c
+        health = httpx.get(c.http_url + "/health").json()
+        assert health["status"] == "ok"
+        assert health["counters"]["internal_errors"] == 0, health
 
 
 @pytest.fixture(scope="module")

@@ -43,11 +43,6 @@ KEPT_ATTRS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _no_views(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("audit._relations.install", lambda con, temporary=False: None)
-
-
 def _kv(key: str, value: Any) -> KeyValue:
     if isinstance(value, int):
         return KeyValue(key=key, value=AnyValue(int_value=value))

@@ -53,13 +53,6 @@ NOW = time.time_ns()
 
 
 # -- helpers ------------------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def _no_views(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Opening a store installs every SQL relation (seconds, growing with audit/sql); the
-    receiver only writes raw tables, so these tests skip that step."""
-    monkeypatch.setattr("audit._relations.install", lambda con, temporary=False: None)
-
-
 def make_config(tmp_path: Path, **changes: Any) -> CollectorConfig:
     base = CollectorConfig(db_path=tmp_path / "audit.duckdb", http_port=0, grpc_port=0)
     return base.with_changes(**changes)

@@ -25,12 +25,6 @@ from collectors.otlp._errors import StartError, WriterUnavailable
 from collectors.otlp._spool import Spool, encode_record, read_segment, spool_path
 
 
-@pytest.fixture(autouse=True)
-def _no_views(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The receiver writes raw tables only; skip installing the (slow) SQL relations."""
-    monkeypatch.setattr("audit._relations.install", lambda con, temporary=False: None)
-
-
 def _spans(n: int, name: str = "s", attributes: dict[str, object] | None = None) -> list:
     mem = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "spool"}))
