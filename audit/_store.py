@@ -191,8 +191,9 @@ class Store:
         Spans already stored (same trace_id, span_id) and their events are ignored, so a retried
         export is stored once. Events are deduplicated with their spans (``raw_span_events`` has
         no key): pass a span's events in the call that passes the span, as the decoders give
-        them; events passed without their span are stored where the table lacks them. When this
-        returns, the rows survive a crash (WAL synced on commit).
+        them; events passed without their span are stored where the table lacks them, and again
+        if the span later arrives with them (a call whose spans are all new inserts their events
+        unchecked). When this returns, the rows survive a crash (WAL synced on commit).
         """
         spans, events, snapshots = (as_inserted(t) for t in (spans, events, snapshots))
         with self._lock:
