@@ -75,7 +75,7 @@ class _Observed:
 
     __slots__ = (
         "req_body", "status", "sse", "buf", "resp_body", "tokens", "first_ns", "last_ns",
-        "usage", "finish_reason", "end_ns",
+        "usage", "finish_reason", "end_ns", "content_length", "body_bytes", "done",
     )
 
     def __init__(self) -> None:
@@ -90,6 +90,10 @@ class _Observed:
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
         self.end_ns: int | None = None
+        self.content_length: int | None = None
+        self.body_bytes = 0
+        self.done = False
+        """``data: [DONE]`` seen: the stream's answer is complete."""
 
     def feed_sse(self, chunk: bytes, now: int) -> None:
         data = self.buf + chunk
@@ -103,6 +107,7 @@ class _Observed:
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
+                self.done = True
                 continue
             try:
                 obj = json.loads(payload)
@@ -219,6 +224,8 @@ class ReplicaMiddleware:
                     for n, v in hs:
                         if n.lower() == b"content-type" and b"text/event-stream" in v.lower():
                             seen.sse = True
+                        elif n.lower() == b"content-length" and v.strip().isdigit():
+                            seen.content_length = int(v)
                     if not any(n.lower() == b"x-request-id" for n, _ in hs):
                         hs.append((b"x-request-id", request_id.encode("latin-1")))
                         msg["headers"] = hs
@@ -226,11 +233,19 @@ class ReplicaMiddleware:
                     now = time.time_ns()
                     body = msg.get("body", b"")
                     if body:
+                        seen.body_bytes += len(body)
                         if seen.sse:
                             seen.feed_sse(body, now)
                         elif len(seen.resp_body) < _BODY_CAP:
                             seen.resp_body += body
-                    if not msg.get("more_body", False):
+                    # The span ends when the answer is complete, before those bytes leave: a
+                    # router ends its forward span on the same bytes ([DONE], or Content-Length
+                    # reached), and Starlette sends an empty closing message after them, so
+                    # ending at that message let this span outlive its caller's now and then,
+                    # and clock-offset estimation then flags the whole router domain.
+                    complete = seen.done or (
+                        seen.content_length is not None and seen.body_bytes >= seen.content_length)
+                    if seen.end_ns is None and (complete or not msg.get("more_body", False)):
                         seen.end_ns = now
             except Exception:
                 _LOG.warning("replica middleware: response inspection failed", exc_info=True)

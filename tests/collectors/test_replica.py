@@ -142,3 +142,43 @@ def test_middleware_facts_errors_and_passthrough(otel: Any) -> None:
 
 def test_engine_facts_without_middleware() -> None:
     assert engine_facts({"type": "http"}) == {}
+
+
+@pytest.mark.parametrize("form", ["sse", "content-length"])
+def test_the_span_ends_when_the_answer_is_complete_not_at_the_closing_message(
+        otel: Any, form: str) -> None:
+    """A router ends its forward span on the bytes that complete the answer (``[DONE]``, or
+    Content-Length reached); Starlette sends an empty closing message after them. A span ended
+    at that message could outlive its caller (here the app pauses 200 ms before it), and one
+    such pair makes clock-offset estimation flag every request through the router."""
+    import time
+
+    tp, exporter = otel
+    sse = form == "sse"
+    answer = (b'data: {"choices": [{"text": "a", "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n' if sse
+              else json.dumps({"choices": [{"text": "a", "finish_reason": "stop"}]}).encode())
+    headers = [(b"content-type", b"text/event-stream" if sse else b"application/json")]
+    if not sse:
+        headers.append((b"content-length", str(len(answer)).encode()))
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer, "more_body": True})
+        await asyncio.sleep(0.2)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    complete_ns: list[int] = []
+
+    async def send(msg: Any) -> None:
+        if msg.get("body"):
+            complete_ns.append(time.time_ns())  # when the answer's last bytes leave
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b'{"prompt": "x"}', "more_body": False}
+
+    mw = ReplicaMiddleware(app, replica_id="rep-1", tracer_provider=tp)
+    asyncio.run(mw({"type": "http", "path": "/v1/completions", "headers": []}, receive, send))
+    (span,) = exporter.get_finished_spans()
+    assert span.end_time is not None and span.end_time <= complete_ns[-1]
+    assert span.attributes[sc.RESPONSE_FINISH_REASONS] == ("stop",)

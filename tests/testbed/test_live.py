@@ -164,9 +164,18 @@ def test_live_clock_offset_is_estimated_by_the_audit(store_path: Path) -> None:
         # the relations follow the raw tables within a refresh interval (plus one refresh). A
         # refresh may run while some sides' spans are still on their way (each process exports
         # on its own schedule); the offsets, and so the verdicts, settle once they are all in
-        assert _wait_for(reader, f"select count(*) from requests where run_id = '{fleet.run_id}' "
-                         "and not clock_suspect", 12, timeout_s=30) == 12
+        settled = _wait_for(reader, f"select count(*) from requests where run_id = '{fleet.run_id}' "
+                            "and not clock_suspect", 12, timeout_s=30)
         mart = reader.query(
             "select count(*) as n, count(*) filter (where clock_suspect) as suspect "
             "from requests where run_id = ?", [fleet.run_id]).rows(named=True)[0]
+        if settled != 12:  # say which: relations not rebuilt, or verdicts that did not settle
+            health = col.health()
+            pytest.fail(f"{settled} of 12 requests not clock-suspect after 30 s; requests {mart}; "
+                        f"spans {reader.query('select name, count(*) from raw_spans group by all').rows()}; "
+                        f"refreshes {health['counters'].get('background_refreshes')}, "
+                        f"refresh_error {health.get('refresh_error')}, last_refresh_ms "
+                        f"{health.get('last_refresh_ms')}, refresh_gap_ms {health.get('refresh_gap_ms')}; "
+                        f"offsets {reader.query('select * from int_clock_offsets').rows(named=True)}; "
+                        f"pairs {reader.query('select * from int_clock_bounds_per_domain_pair').rows(named=True)}")
         assert mart == {"n": 12, "suspect": 0}
