@@ -827,11 +827,17 @@ def telemetry_age_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
     )
 
 
-def herding_episodes(reader: Reads, limit: int = TABLE_LIMIT) -> pl.DataFrame:
-    """Rows of the ``herding_episodes`` relation (empty frame when it is not installed)."""
-    if not has_relation(reader, "herding_episodes"):
+def herding_episodes(reader: Reads, limit: int | None = None) -> pl.DataFrame:
+    """Rows of the ``herding_episodes`` relation, the ``limit`` (default :data:`TABLE_LIMIT`)
+    largest (most decisions on one telemetry sample, then earliest), so a cut keeps the worst;
+    the column ``episodes_total`` counts them all. Empty frame when the relation is not
+    installed."""
+    if not has_relation(reader, "herding_episodes", "episode_id", "decisions", "started_at"):
         return pl.DataFrame()
-    return reader.query("select * from herding_episodes limit ?", [int(limit)])
+    return reader.query(
+        "select *, count(*) over () as episodes_total from herding_episodes "
+        "order by decisions desc, started_at, episode_id limit ?",
+        [TABLE_LIMIT if limit is None else int(limit)])
 
 
 # --------------------------------------------------------------------------------------------

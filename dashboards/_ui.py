@@ -146,7 +146,14 @@ def chart(c: alt.Chart) -> None:
 
 
 def time_axis(field: str = "bucket", title: str = "time (UTC)") -> alt.X:
-    return alt.X(f"{field}:T", title=title)
+    # a UTC scale: Vega-Lite otherwise draws times in the browser's zone under a "UTC" title
+    return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"))
+
+
+def time_tooltip(field: str = "bucket") -> alt.Tooltip:
+    """A tooltip line for a time field, in UTC like :func:`time_axis` (not the browser's zone)."""
+    return alt.Tooltip(f"{field}:T", title=f"{field} (UTC)", format="%Y-%m-%d %H:%M:%S.%L",
+                       formatType="utc")
 
 
 def y_ms(field: str, title: str) -> alt.Y:

@@ -73,7 +73,7 @@ else:
         x=_ui.time_axis(),
         y=alt.Y("missing_tokens:Q", title="missing cached tokens (tokens)"),
         color=alt.Color("replica:N", title="replica"),
-        tooltip=["bucket:T", "replica:N", "missing_tokens:Q", "over_predicted:Q"],
+        tooltip=[_ui.time_tooltip(), "replica:N", "missing_tokens:Q", "over_predicted:Q"],
     ).properties(height=260))
 
 st.subheader("Engine prefix-cache hit rate")
@@ -86,6 +86,6 @@ else:
         y=alt.Y("prefix_cache_hit_rate:Q", title="prefix-cache hit rate (fraction)",
                 scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("replica:N", title="replica"),
-        tooltip=["bucket:T", "replica:N", alt.Tooltip("prefix_cache_hit_rate:Q", format=".2f"),
+        tooltip=[_ui.time_tooltip(), "replica:N", alt.Tooltip("prefix_cache_hit_rate:Q", format=".2f"),
                  alt.Tooltip("kv_usage:Q", format=".2f")],
     ).properties(height=260))

@@ -44,21 +44,21 @@ if not _ui.empty(over_time):
             x=_ui.time_axis(),
             y=alt.Y("attainment:Q", title="SLO attainment (fraction of requests)",
                     scale=alt.Scale(domain=[0, 1])),
-            tooltip=["bucket:T", "requests:Q", "good:Q", "failed:Q",
+            tooltip=[_ui.time_tooltip(), "requests:Q", "good:Q", "failed:Q",
                      alt.Tooltip("attainment:Q", format=".1%")],
         ).properties(title="SLO attainment", height=260))
     with right:
         _ui.chart(alt.Chart(over_time.to_pandas()).mark_area(opacity=0.6).encode(
             x=_ui.time_axis(),
             y=alt.Y("goodput_rps:Q", title="goodput (requests meeting SLO per s)"),
-            tooltip=["bucket:T", alt.Tooltip("goodput_rps:Q", format=".2f")],
+            tooltip=[_ui.time_tooltip(), alt.Tooltip("goodput_rps:Q", format=".2f")],
         ).properties(title="Goodput", height=260))
     ttft = over_time.select("bucket", "ttft_p50", "ttft_p99").unpivot(
         index="bucket", variable_name="percentile", value_name="ttft_ms")
     _ui.chart(alt.Chart(ttft.to_pandas()).mark_line().encode(
         x=_ui.time_axis(), y=_ui.y_ms("ttft_ms", "TTFT"),
         color=alt.Color("percentile:N", title="percentile"),
-        tooltip=["bucket:T", "percentile:N", alt.Tooltip("ttft_ms:Q", format=",.0f")],
+        tooltip=[_ui.time_tooltip(), "percentile:N", alt.Tooltip("ttft_ms:Q", format=",.0f")],
     ).properties(title="TTFT over time", height=240))
 
 st.subheader("Per-replica load: true vs what routers saw")
@@ -72,7 +72,7 @@ else:
         y=alt.Y("load:Q", title="load (requests in flight / waiting + running seen)"),
         color=alt.Color("replica:N", title="replica"),
         strokeDash=alt.StrokeDash("source:N", title="source"),
-        tooltip=["bucket:T", "replica:N", "source:N", alt.Tooltip("load:Q", format=".1f")],
+        tooltip=[_ui.time_tooltip(), "replica:N", "source:N", alt.Tooltip("load:Q", format=".1f")],
     ).properties(height=300))
 
 st.subheader("Failures by kind")

@@ -29,7 +29,7 @@ else:
             x=_ui.time_axis(), y=_ui.y_ms("age_ms", "telemetry age"),
             color=alt.Color("router_id:N", title="router"),
             strokeDash=alt.StrokeDash("percentile:N", title="percentile"),
-            tooltip=["bucket:T", "router_id:N", "percentile:N",
+            tooltip=[_ui.time_tooltip(), "router_id:N", "percentile:N",
                      alt.Tooltip("age_ms:Q", format=",.0f")],
         ).properties(title="Telemetry age at decision time", height=300))
 
@@ -43,16 +43,18 @@ else:
     if _ui.empty(episodes):
         st.success("No herding episodes detected.")
     else:
-        cols = episodes.columns
-        start = next((c for c in ("start_at", "started_at", "start", "first_at") if c in cols),
-                     None)
-        end = next((c for c in ("end_at", "ended_at", "end", "last_at") if c in cols), None)
-        lane = next((c for c in ("replica", "target_replica", "router_id") if c in cols), None)
-        if start and end:
-            enc = dict(x=alt.X(f"{start}:T", title="time (UTC)"), x2=f"{end}:T",
-                       tooltip=[alt.Tooltip(c) for c in cols[:8]])
-            if lane:
-                enc["y"] = alt.Y(f"{lane}:N", title=lane.replace("_", " "))
-            _ui.chart(alt.Chart(episodes.to_pandas()).mark_bar(height=14).encode(**enc)
-                      .properties(title="Episodes", height=max(100, 40 * episodes.height)))
+        total = int(episodes["episodes_total"][0])
+        episodes = episodes.drop("episodes_total")
+        if total > episodes.height:
+            st.caption(f"The {episodes.height:,} largest of {total:,} episodes: most decisions on "
+                       "one telemetry sample first.")
+        lanes = episodes["replica"].n_unique()
+        # points, not start-to-end bars: an episode's decisions share one telemetry sample and
+        # often one instant, so its bar would be a pixel wide or none
+        _ui.chart(alt.Chart(episodes.to_pandas()).mark_circle(opacity=0.6).encode(
+            x=_ui.time_axis("started_at"), y=alt.Y("replica:N", title="replica"),
+            size=alt.Size("decisions:Q", title="decisions"),
+            tooltip=["replica:N", _ui.time_tooltip("started_at"), "decisions:Q",
+                     "routers:Q", "unreflected_assignments:Q", "evidence:N"],
+        ).properties(title="Episodes", height=max(100, 40 * lanes)))
         st.dataframe(episodes, hide_index=True)

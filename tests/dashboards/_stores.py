@@ -294,14 +294,20 @@ _MART_SQL = {
         select * from primary_rows union all select * from secondary
     """,
     "herding_episodes": """
-        select 'replica-1' as replica, 2::bigint as routers, 14::bigint as requests,
-            min(client_start) + to_seconds(1) as start_at,
-            min(client_start) + to_seconds(3) as end_at
-        from requests
-        union all
-        select 'replica-2', 2, 9, min(client_start) + to_seconds(5),
-            min(client_start) + to_seconds(6)
-        from requests
+        -- the relation's own columns (audit/sql/attribution/herding_episodes.sql)
+        select md5(replica || n) as episode_id, 'run-1' as run_id, replica,
+            t0 + to_seconds(n) as telemetry_ts,
+            t0 + to_seconds(n + 1) as started_at,
+            t0 + to_seconds(n + 3) as ended_at,
+            decisions::bigint as decisions, 2::bigint as routers, 1::bigint as max_pending_seen,
+            decisions - 2::bigint as unreflected_assignments, 7.0::double as seen_waiting,
+            decisions::bigint as true_waiting_last, 1::bigint as slow_requests,
+            1::bigint as slow_unreflected, 'req-1,req-2' as request_ids,
+            'k1,k2' as request_keys, 2000.0::double as span_ms,
+            printf('%d decisions from 2 router(s) onto %s', decisions, replica) as evidence
+        from (select min(client_start) as t0 from requests),
+            (values ('replica-1', 14, 1), ('replica-2', 9, 5), ('replica-1', 11, 8))
+                as e(replica, decisions, n)
     """,
 }
 

@@ -17,6 +17,7 @@ from _stores import empty_store, mart_store, raw_store
 from streamlit.testing.v1 import AppTest
 
 import audit
+from audit import queries
 from dashboards import _ui
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboards" / "app.py")
@@ -292,7 +293,47 @@ def test_telemetry_numbers(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> No
         join decisions d using (request_id, attempt) where d.router_id = 'router-b'""")
     assert metric(at, "router-b age p99") == f"{p99:,.0f} ms"
     episodes = [df.value for df in at.dataframe if "routers" in df.value.columns]
-    assert len(episodes) == 1 and len(episodes[0]) == 2
+    assert len(episodes) == 1 and list(episodes[0]["decisions"]) == [14, 11, 9]
+    assert "episodes_total" not in episodes[0].columns
+    assert not [c.value for c in at.caption if "largest of" in c.value]
+
+
+def test_telemetry_says_when_herding_episodes_are_cut(monkeypatch: pytest.MonkeyPatch,
+                                                      mart_db: Path) -> None:
+    """Past the table's cap the page keeps the largest episodes and says how many there are:
+    an arbitrary subset (the relation has no order) would hide the worst herding."""
+    monkeypatch.setattr(queries, "TABLE_LIMIT", 2)
+    at = open_page(monkeypatch, mart_db, "telemetry")
+    episodes = [df.value for df in at.dataframe if "routers" in df.value.columns]
+    assert list(episodes[0]["decisions"]) == [14, 11]
+    assert [c.value for c in at.caption if "largest of" in c.value] == [
+        "The 2 largest of 3 episodes: most decisions on one telemetry sample first."]
+
+
+def _temporal_encodings(spec: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(channel, definition) of every temporal field a Vega-Lite spec encodes, layers included."""
+    for channel, enc in (spec.get("encoding") or {}).items():
+        for item in enc if isinstance(enc, list) else [enc]:
+            if isinstance(item, dict) and item.get("type") == "temporal":
+                yield channel, item
+    for key in ("layer", "hconcat", "vconcat", "concat"):
+        for sub in spec.get(key, []):
+            yield from _temporal_encodings(sub)
+
+
+@pytest.mark.parametrize("page", ["overview", "cache", "telemetry"])
+def test_times_are_drawn_in_utc(monkeypatch: pytest.MonkeyPatch, mart_db: Path, page: str) -> None:
+    """Axes and tooltips titled UTC are drawn in UTC: Vega-Lite's default is the browser's zone,
+    so a person in Tokyo read 09:00 "UTC" for a midnight episode (seen in Chromium)."""
+    at = open_page(monkeypatch, mart_db, page)
+    found = [(ch, enc) for chart in at.get("vega_lite_chart")
+             for ch, enc in _temporal_encodings(json.loads(chart.proto.spec))]
+    assert {ch for ch, _ in found} >= {"x", "tooltip"}, found
+    for channel, enc in found:
+        if channel == "tooltip":
+            assert enc.get("formatType") == "utc", (channel, enc)
+        elif channel == "x":
+            assert enc.get("scale", {}).get("type") == "utc", (channel, enc)
 
 
 def test_policies_numbers(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> None:
