@@ -128,12 +128,18 @@ def empty(df: pl.DataFrame | None) -> bool:
 
 
 def fmt_ms(v: float | None) -> str:
-    """Milliseconds for a metric tile: ``"59.0 ms"``, ``"3,950 ms"``, ``"10.1 s"``."""
+    """Milliseconds for a metric tile, three significant digits from 100 ms on: ``"59.0 ms"``,
+    ``"395 ms"``, ``"3.95 s"``, ``"19.3 s"``, ``"1,234 s"``; "1,670 ms" did not fit a tile of the
+    overview's row of six."""
     if v is None:
         return "–"
     v = float(v)
+    if abs(v) >= 100_000:
+        return f"{v / 1000:,.0f} s"
     if abs(v) >= 10_000:
-        return f"{v / 1000:,.1f} s"
+        return f"{v / 1000:.1f} s"
+    if abs(v) >= 1_000:
+        return f"{v / 1000:.2f} s"
     return f"{v:,.0f} ms" if abs(v) >= 100 else f"{v:,.1f} ms"
 
 

@@ -168,7 +168,7 @@ def test_overview_numbers(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> Non
     assert metric(at, "Requests") == f"{n:,}"
     assert metric(at, "SLO attainment") == f"{100 * good / n:.1f} %"
     assert metric(at, "Failed") == f"{failed:,}"
-    assert metric(at, "TTFT p99") == f"{p99:,.0f} ms"
+    assert metric(at, "TTFT p99") == _ui.fmt_ms(p99)
     assert len(at.get("vega_lite_chart")) >= 4
 
 
@@ -291,7 +291,7 @@ def test_telemetry_numbers(monkeypatch: pytest.MonkeyPatch, mart_db: Path) -> No
     p99 = sql(mart_db, """
         select quantile_cont(c.telemetry_age_ms, 0.99) from candidates c
         join decisions d using (request_id, attempt) where d.router_id = 'router-b'""")
-    assert metric(at, "router-b age p99") == f"{p99:,.0f} ms"
+    assert metric(at, "router-b age p99") == _ui.fmt_ms(p99)
     episodes = [df.value for df in at.dataframe if "routers" in df.value.columns]
     assert len(episodes) == 1 and list(episodes[0]["decisions"]) == [14, 11, 9]
     assert "episodes_total" not in episodes[0].columns
@@ -308,6 +308,14 @@ def test_telemetry_says_when_herding_episodes_are_cut(monkeypatch: pytest.Monkey
     assert list(episodes[0]["decisions"]) == [14, 11]
     assert [c.value for c in at.caption if "largest of" in c.value] == [
         "The 2 largest of 3 episodes: most decisions on one telemetry sample first."]
+
+
+@pytest.mark.parametrize(("ms", "shown"), [
+    (None, "–"), (0.5, "0.5 ms"), (59.04, "59.0 ms"), (395.2, "395 ms"), (999.4, "999 ms"),
+    (1669.86, "1.67 s"), (5379.5, "5.38 s"), (19319.4, "19.3 s"), (1_234_000, "1,234 s"),
+    (-1669.86, "-1.67 s")])
+def test_tile_times_keep_three_digits(ms: float | None, shown: str) -> None:
+    assert _ui.fmt_ms(ms) == shown
 
 
 def _temporal_encodings(spec: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
