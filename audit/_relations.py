@@ -6,8 +6,9 @@ layer a relation builds after the relations it names. Nothing is templated.
 
 Materialisation (dbt's ``table`` vs ``view``): a relation that reads a session variable
 (``getvariable(...)``: the SLO targets and attribution thresholds), or reads such a relation, is
-a **view**, so a reader's SLO applies at query time; so is one of :data:`ALWAYS_VIEWS`. Every
-other relation is a **table**, rebuilt by :func:`refresh` in dependency order. DuckDB plans a
+a **view**, so a reader's SLO applies at query time; so is one of :data:`ALWAYS_VIEWS` or
+:data:`PROJECTION_VIEWS`. Every other relation is a **table**, rebuilt by :func:`refresh` in
+dependency order. DuckDB plans a
 view by expanding every view beneath it, so a deep stack of views costs seconds of planning per
 query; tables cut each plan to one step.
 """
@@ -88,7 +89,7 @@ def _strip_comments(sql: str) -> str:
 def relations_version() -> str:
     """A hash of every relation's text: tells whether a store's views match this code."""
     h = hashlib.sha256()
-    h.update(b"cached-at-defaults-2")  # how refresh() materialises (bump when that changes)
+    h.update(b"cached-at-defaults-3")  # how refresh() materialises (bump when that changes)
     for r in load_relations():
         h.update(r.name.encode())
         h.update(r.sql.encode())
@@ -109,6 +110,13 @@ ALWAYS_VIEWS: Final = ("raw_span_attributes",)
 """Relations that stay views: they read only the raw tables (so they are never stale), no
 relation reads them, and as tables they would copy every span at each refresh for the
 occasional query by a person."""
+
+PROJECTION_VIEWS: Final = ("stg_spans",)
+"""Internal relations that stay views although other relations read them: each is a projection
+of one raw table row by row (no join, no aggregate), so every reader computes only the columns
+it reads, and storing all of them cost more than computing them again. ``stg_spans`` as a table
+wrote 4M rows of 63 columns in a 1M-request refresh, 5.9 of its 10 s (docs/performance.md,
+eleventh session)."""
 
 
 def parametrised(relations: list[Relation] | None = None) -> set[str]:
@@ -199,7 +207,7 @@ def refresh(con: duckdb.DuckDBPyConnection,
     ``on_built(relation, kind, seconds)`` is called after each relation (benchmarks time them).
     """
     rels = load_relations()
-    views = parametrised(rels) | set(ALWAYS_VIEWS)
+    views = parametrised(rels) | set(ALWAYS_VIEWS) | set(PROJECTION_VIEWS)
     if cache_defaults is None:
         cache_defaults = con.sql("select count(*) from raw_spans").fetchall()[0][0] >= CACHE_MIN_SPANS
     to_cache = set(cached(rels)) if cache_defaults else set()
@@ -260,7 +268,7 @@ def install(con: duckdb.DuckDBPyConnection, *, temporary: bool = False) -> None:
     empty raw tables, each view binding the whole stack beneath it (see the module docstring).
     """
     rels = load_relations()
-    views = parametrised(rels) | set(ALWAYS_VIEWS)
+    views = parametrised(rels) | set(ALWAYS_VIEWS) | set(PROJECTION_VIEWS)
     for rel in rels:
         kind = ("temp " if temporary else "") + ("view" if rel.name in views else "table")
         body = rel.sql.strip().rstrip(";")

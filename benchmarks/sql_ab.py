@@ -19,6 +19,12 @@ to compare), then the slowest relations. Run it once per tree on the same store.
     python3 benchmarks/sql_ab.py refresh --db STORE --src /tmp/old
     python3 benchmarks/sql_ab.py refresh --db STORE --src .
 
+``floor``: every table a refresh stores, copied as it is (``create table … as select *``, in
+one transaction rolled back afterwards): what writing a refresh's results costs with nothing
+computed, the least a full refresh of that store can take.
+
+    python3 benchmarks/sql_ab.py floor --db STORE
+
 ``relations``: the named relations only, built in the order given with the SQL of each tree in
 turn (``--src``, twice or more), round after round, each tree's round in a transaction rolled back
 afterwards, so the store is left as it was and every tree reads the same inputs except those it
@@ -154,6 +160,47 @@ def relations(args: argparse.Namespace) -> None:
             f"{n} {m:.2f}" for n, m in zip(args.names, per, strict=True)))
 
 
+def floor(args: argparse.Namespace) -> None:
+    """Copy every table a refresh stores, nothing computed: what writing its results costs."""
+    sys.path.insert(0, str(ROOT))
+    import resource
+
+    import duckdb
+
+    from audit import _relations
+    from audit._store import _tune
+
+    con = duckdb.connect(args.db)
+    _tune(con)
+    tables = {name for (name,) in con.execute(
+        "select table_name from duckdb_tables() "
+        "where database_name = current_database() and schema_name = 'main'").fetchall()}
+    order = [r.name for r in _relations.load_relations()]
+    names = [n for n in order if n in tables] + [
+        n + _relations.CACHE_SUFFIX for n in order if n + _relations.CACHE_SUFFIX in tables]
+    rows: list[tuple[str, int, int, float, float]] = []
+    con.execute("begin transaction")
+    try:
+        for name in names:
+            n, cols = con.execute(
+                f"select count(*), (select count(*) from duckdb_columns() where table_name = ? "
+                f"and database_name = current_database()) from {name}", [name]).fetchone() or (0, 0)
+            before, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            con.execute(f"create table ra_floor_{name} as select * from {name}")
+            wall, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
+            cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            rows.append((name, n, cols, wall, cpu))
+    finally:
+        con.execute("rollback")
+        con.close()
+    print(f"{len(rows)} tables, {sum(r[1] for r in rows):,} rows, "
+          f"{sum(r[1] * r[2] for r in rows) / 1e6:,.0f} M cells: copied in "
+          f"{sum(r[3] for r in rows):.1f} s wall, {sum(r[4] for r in rows):.1f} s CPU; "
+          f"load {os.getloadavg()[0]:.1f}")
+    for name, n, cols, wall, cpu in sorted(rows, key=lambda r: -r[3])[:args.top]:
+        print(f"  {name:40s} {n:>11,} rows x {cols:3d}  {wall:6.2f} s wall {cpu:6.2f} s CPU")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -173,8 +220,11 @@ def main() -> None:
     q.add_argument("--src", action="append", required=True, help="a source tree (twice or more)")
     q.add_argument("--rounds", type=int, default=3)
     q.add_argument("names", nargs="+", help="relations, in build order")
+    f = sub.add_parser("floor", help="copy every table a refresh stores (rolled back)")
+    f.add_argument("--db", required=True)
+    f.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
-    {"page": page, "refresh": refresh, "relations": relations}[args.what](args)
+    {"page": page, "refresh": refresh, "relations": relations, "floor": floor}[args.what](args)
 
 
 if __name__ == "__main__":
