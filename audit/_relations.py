@@ -8,9 +8,8 @@ Materialisation (dbt's ``table`` vs ``view``): a relation that reads a session v
 (``getvariable(...)``: the SLO targets and attribution thresholds), or reads such a relation, is
 a **view**, so a reader's SLO applies at query time; so is one of :data:`ALWAYS_VIEWS` or
 :data:`PROJECTION_VIEWS`. Every other relation is a **table**, rebuilt by :func:`refresh` in
-dependency order. DuckDB plans a
-view by expanding every view beneath it, so a deep stack of views costs seconds of planning per
-query; tables cut each plan to one step.
+dependency order. DuckDB plans a view by expanding every view beneath it, so a deep stack of
+views costs seconds of planning per query; tables cut each plan to one step.
 """
 
 from __future__ import annotations
@@ -119,6 +118,12 @@ wrote 4M rows of 63 columns in a 1M-request refresh, 5.9 of its 10 s (docs/perfo
 eleventh session)."""
 
 
+def views(relations: list[Relation]) -> set[str]:
+    """Names of the relations stored as views (the rest are tables): the parametrised ones,
+    :data:`ALWAYS_VIEWS` and :data:`PROJECTION_VIEWS`."""
+    return parametrised(relations) | set(ALWAYS_VIEWS) | set(PROJECTION_VIEWS)
+
+
 def parametrised(relations: list[Relation] | None = None) -> set[str]:
     """Names of relations that read session variables, directly or through another relation."""
     rels = load_relations() if relations is None else relations
@@ -155,9 +160,9 @@ def cached(relations: list[Relation] | None = None) -> list[str]:
     other relations, :func:`variables_read`) is unset or at its default, and computes live
     (``<name>__live``) otherwise."""
     rels = load_relations() if relations is None else relations
-    views = parametrised(rels)
+    param = parametrised(rels)
     return [r.name for r in rels
-            if r.name in views and r.layer == "attribution" and r.name != "slo_targets"
+            if r.name in param and r.layer == "attribution" and r.name != "slo_targets"
             and (not r.name.startswith("int_") or r.name in CACHED_INTERNAL)]
 
 
@@ -207,7 +212,7 @@ def refresh(con: duckdb.DuckDBPyConnection,
     ``on_built(relation, kind, seconds)`` is called after each relation (benchmarks time them).
     """
     rels = load_relations()
-    views = parametrised(rels) | set(ALWAYS_VIEWS) | set(PROJECTION_VIEWS)
+    as_views = views(rels)
     if cache_defaults is None:
         cache_defaults = con.sql("select count(*) from raw_spans").fetchall()[0][0] >= CACHE_MIN_SPANS
     to_cache = set(cached(rels)) if cache_defaults else set()
@@ -222,7 +227,7 @@ def refresh(con: duckdb.DuckDBPyConnection,
     try:
         for rel in rels:
             started = time.perf_counter()
-            kind = "view" if rel.name in views else "table"
+            kind = "view" if rel.name in as_views else "table"
             body = rel.sql.strip().rstrip(";")
             for name in (rel.name, rel.name + LIVE_SUFFIX, rel.name + CACHE_SUFFIX):
                 _drop(con, name)
@@ -268,9 +273,9 @@ def install(con: duckdb.DuckDBPyConnection, *, temporary: bool = False) -> None:
     empty raw tables, each view binding the whole stack beneath it (see the module docstring).
     """
     rels = load_relations()
-    views = parametrised(rels) | set(ALWAYS_VIEWS) | set(PROJECTION_VIEWS)
+    as_views = views(rels)
     for rel in rels:
-        kind = ("temp " if temporary else "") + ("view" if rel.name in views else "table")
+        kind = ("temp " if temporary else "") + ("view" if rel.name in as_views else "table")
         body = rel.sql.strip().rstrip(";")
         try:
             con.execute(f"create or replace {kind} {rel.name} as\n{body}")
