@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -55,7 +55,10 @@ def as_slo(value: object = None) -> SLO:
     if hasattr(value, "ttft_ms") and hasattr(value, "tpot_ms"):
         return SLO(ttft_ms=_positive(value.ttft_ms, "ttft_ms"),
                    tpot_ms=_positive(value.tpot_ms, "tpot_ms"))
-    ttft, tpot = value  # type: ignore[misc]
+    if not isinstance(value, Iterable):
+        # The message unpacking a non-iterable raises, so callers see what they saw before.
+        raise TypeError(f"cannot unpack non-iterable {type(value).__name__} object")
+    ttft, tpot = value
     return SLO(ttft_ms=_positive(ttft, "ttft_ms"), tpot_ms=_positive(tpot, "tpot_ms"))
 
 

@@ -523,6 +523,8 @@ def _live_collector(path: Path) -> dict[str, Any] | None:
         info = json.loads(side.read_text("utf-8"))
     except (OSError, ValueError):
         return None
+    if not isinstance(info, dict):  # not a collector's sidecar (it writes an object): none live
+        return None
     pid = info.get("pid")
     if not isinstance(pid, int) or not _pid_alive(pid):
         return None

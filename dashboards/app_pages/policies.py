@@ -34,8 +34,11 @@ if _ui.empty(cmp):
 if cmp.height == 2 and cmp["requests"][0] != cmp["requests"][1]:
     st.warning("The two runs have different request counts: are they replays of the same trace?")
 
-cols = st.columns(len(chosen))
-for col, row in zip(cols, cmp.iter_rows(named=True)):
+# One column per row of the comparison rather than per chosen run: compare_runs returns a row
+# only for the runs it finds, in a read (and cache entry) apart from run_list's, so the pairing
+# holds by construction and strict= can never fire.
+run_cols = st.columns(cmp.height)
+for col, row in zip(run_cols, cmp.iter_rows(named=True), strict=True):
     with col:
         st.markdown(f"**{row['run_id']}**")
         st.metric("Goodput (req/s)", f"{row['goodput_rps']:.2f}")

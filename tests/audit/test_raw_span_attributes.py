@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,13 +18,11 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from otlp_strategies import attribute_lists
 
 from audit import Store, semconv
 from collectors.otlp import _decode
 from collectors.otlp._decode import MAX_SPAN_ATTR_BYTES, decode, decode_protobuf
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectors"))
-from test_native_decode import _attrs  # noqa: E402  (the differential test's attribute lists)
 
 NOW = 1_764_000_000 * 10**9
 SQL = Path(__file__).resolve().parents[2] / "audit" / "sql" / "staging" / "raw_span_attributes.sql"
@@ -75,7 +72,7 @@ def _view(store: Store, keys: list[tuple[str, str]]) -> dict[tuple[str, str], An
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
-@given(lists=st.lists(_attrs(awkward=True), min_size=1, max_size=12))
+@given(lists=st.lists(attribute_lists(awkward=True), min_size=1, max_size=12))
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 def test_the_view_gives_back_every_attribute(store: Store, native: bool,

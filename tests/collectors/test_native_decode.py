@@ -32,13 +32,13 @@ from opentelemetry.proto.common.v1.common_pb2 import (
 )
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+from otlp_strategies import TEXT, attribute_lists
 
 from audit import semconv
 from collectors.otlp import _decode
 from collectors.otlp._decode import (
     MAX_STRING_LEN,
     NATIVE_AVAILABLE,
-    PROMPT_KEYS,
     DecodedBatch,
     PayloadError,
     decode,
@@ -200,61 +200,6 @@ def test_concurrent_decodes_equal_serial(sdk_bodies: list[bytes]) -> None:
 
 
 # -- generated requests full of edge cases ----------------------------------------------------------
-TYPED_KEYS = sorted(set(semconv.TYPED_SPAN_ATTRIBUTES) | set(semconv.TYPED_RESOURCE_ATTRIBUTES)
-                    | set(semconv.TYPED_EVENT_ATTRIBUTES))
-KEYS = st.one_of(
-    st.sampled_from(TYPED_KEYS),
-    st.sampled_from(sorted(PROMPT_KEYS) + ["gen_ai.prompt.0.content", "llm.output_messages.1.x",
-                                           "gen_ai.completion", "gen_ai.promptish"]),
-    st.sampled_from(["k", "", "ключ", "é\u0000\n\"\\", "\U0001F600key", "a" * 40]),
-    st.text(max_size=12),
-)
-TEXT = st.one_of(
-    st.text(max_size=20),
-    st.sampled_from(["", "200", " 12 ", "1e3", "3.5", "-7", "true", "False", "0", "x", "\u2028\u007f",
-                     "\t\r\n\b\f\u0001\u001f", "\U0010FFFF\U0001F600", "\ud7ff\ue000"]),
-    st.builds(lambda c, n: c * n, st.sampled_from(["a", "é", "😀", "\u0000"]),
-              st.sampled_from([MAX_STRING_LEN - 1, MAX_STRING_LEN, MAX_STRING_LEN + 1, MAX_STRING_LEN + 7])),
-)
-DOUBLES = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
-                    st.sampled_from([0.0, -0.0, 1e16, 1e-5, 0.1, 5e-324, 1.7976931348623157e308, 2.0**62,
-                                     -(2.0**62), 2.0**63, 123456789.125]))
-INTS = st.one_of(st.integers(-(2**63), 2**63 - 1),
-                 st.sampled_from([0, 1, -1, 2**62, 2**63 - 1, -(2**63)]))
-
-
-def _scalar() -> st.SearchStrategy[AnyValue]:
-    return st.one_of(
-        TEXT.map(lambda s: AnyValue(string_value=s)),
-        INTS.map(lambda i: AnyValue(int_value=i)),
-        DOUBLES.map(lambda d: AnyValue(double_value=d)),
-        st.booleans().map(lambda b: AnyValue(bool_value=b)),
-        st.just(AnyValue()),
-    )
-
-
-def _value(awkward: bool) -> st.SearchStrategy[AnyValue]:
-    scalar = _scalar()
-    array = st.lists(scalar, max_size=4).map(lambda xs: AnyValue(array_value=ArrayValue(values=xs)))
-    if not awkward:
-        return st.one_of(scalar, scalar, scalar, array)
-    return st.one_of(
-        scalar, scalar, scalar, array,
-        st.lists(st.one_of(scalar, array), max_size=3).map(  # nested arrays
-            lambda xs: AnyValue(array_value=ArrayValue(values=xs))),
-        st.lists(st.tuples(KEYS, scalar), max_size=3).map(
-            lambda kvs: AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key=k, value=v) for k, v in kvs]))),
-        st.binary(max_size=8).map(lambda b: AnyValue(bytes_value=b)),
-    )
-
-
-def _attrs(awkward: bool) -> st.SearchStrategy[list[KeyValue]]:
-    value = _value(awkward)
-    unique = st.lists(st.tuples(KEYS, value), max_size=6, unique_by=lambda kv: kv[0])
-    lists = st.one_of(unique, st.lists(st.tuples(KEYS, value), max_size=4)) if awkward else unique
-    return lists.map(lambda kvs: [KeyValue(key=k, value=v) for k, v in kvs])
-
-
 IDS16 = st.one_of(st.binary(min_size=16, max_size=16), st.just(bytes(16)), st.binary(max_size=17))
 IDS8 = st.one_of(st.binary(min_size=8, max_size=8), st.just(bytes(8)), st.binary(max_size=9))
 TIMES = st.one_of(st.sampled_from([0, MIN_NS - 1, MIN_NS, NOW, NOW + 5, MAX_NS, MAX_NS + 1, 2**64 - 1]),
@@ -263,7 +208,7 @@ TIMES = st.one_of(st.sampled_from([0, MIN_NS - 1, MIN_NS, NOW, NOW + 5, MAX_NS, 
 
 @st.composite
 def spans(draw: Any, awkward: bool) -> Span:
-    attrs = _attrs(awkward)
+    attrs = attribute_lists(awkward)
     start = draw(TIMES)
     end = draw(st.one_of(TIMES, st.just(start), st.just(min(start + 1000, 2**64 - 1))))
     events = st.lists(st.builds(lambda n, t, a: Span.Event(name=n, time_unix_nano=t, attributes=a),
@@ -286,7 +231,7 @@ def spans(draw: Any, awkward: bool) -> Span:
 def requests(awkward: bool) -> st.SearchStrategy[bytes]:
     return st.lists(st.builds(
         lambda ra, sc: ResourceSpans(resource=Resource(attributes=ra), scope_spans=sc),
-        _attrs(awkward),
+        attribute_lists(awkward),
         st.lists(st.builds(lambda name, ver, sp: ScopeSpans(scope=InstrumentationScope(name=name, version=ver),
                                                             spans=sp),
                            st.one_of(st.just(""), TEXT), st.one_of(st.just(""), TEXT),
