@@ -5,7 +5,8 @@ a decision with 8 candidate events, a forward and a replica span; ~2 KB of proto
 encoded with the SDK's ``encode_spans`` into requests of ``--batch`` spans.
 
 Stages (one process, CPU seconds, so other load on the machine matters less):
-protobuf parse, OTLP/JSON parse, decode → Arrow (the Python decoder over upb messages; then the
+protobuf parse, OTLP/JSON parse (Python) and OTLP/JSON → protobuf bytes (the C transcoder the
+receiver runs), decode → Arrow (the Python decoder over upb messages; then the
 native decoder straight from the bytes, which is what both receivers run for protobuf bodies),
 ``Store.append`` per group size.
 
@@ -112,6 +113,7 @@ def stages(bodies: list[bytes], batch: int) -> dict[str, float]:
         NATIVE_AVAILABLE,
         decode,
         decode_protobuf,
+        json_to_protobuf,
         native_fallbacks,
         parse_json,
         parse_protobuf,
@@ -126,7 +128,12 @@ def stages(bodies: list[bytes], batch: int) -> dict[str, float]:
     t = time.process_time()
     for j in jsons:
         parse_json(j)
-    out["OTLP/JSON parse"] = batch * len(jsons) / (time.process_time() - t)
+    out["OTLP/JSON parse (json.loads + protobuf constructors)"] = batch * len(jsons) / (time.process_time() - t)
+    t = time.process_time()
+    for j in jsons:
+        json_to_protobuf(j)
+    out["OTLP/JSON → protobuf bytes (C transcoder when built)"] = (
+        batch * len(jsons) / (time.process_time() - t))
     decode(reqs[0], 1)  # warm up
     t = time.process_time()
     decoded = [decode(r, time.time_ns()) for r in reqs]

@@ -26,12 +26,16 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from audit import semconv
 from audit.schema import RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA
 from collectors.otlp import _candidate_events
-from collectors.otlp._otlp_json import build_request
+from collectors.otlp._otlp_json import MAX_BUILT_DEPTH, build_request
 
-try:  # the optional C extension (setup.py); without it every body takes the Python path
+try:  # the optional C extensions (setup.py); without them every body takes the Python path
     from collectors.otlp import _native
 except ImportError:  # pragma: no cover - depends on the build
     _native = None
+try:
+    from collectors.otlp import _json_native
+except ImportError:  # pragma: no cover - depends on the build
+    _json_native = None
 
 _KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 _STATUS = ("unset", "ok", "error")
@@ -143,6 +147,26 @@ def parse_json(body: bytes) -> ExportTraceServiceRequest:
         raise PayloadError("OTLP/JSON body must be an object with 'resourceSpans'")
     fast = build_request(doc)  # the documents SDKs send, without json_format (×2.5)
     return fast if fast is not None else _parse_dict(doc)
+
+
+def json_to_protobuf(body: bytes) -> bytes:
+    """The protobuf bytes of the request an OTLP/JSON body encodes: ``parse_json(body)``
+    serialized, and its errors.
+
+    The C transcoder (``_json_native.c``) writes them straight from the text, without the GIL, for
+    the documents :func:`build_request` builds (the ones SDKs send): 25x less CPU than
+    ``json.loads`` and the upb constructors. It gives None for anything else, which then takes
+    :func:`parse_json` (counted in :func:`json_python_bodies`); a differential test holds the two
+    equal byte for byte.
+    """
+    if _json_native is not None:
+        wire: bytes | None = _json_native.transcode(body, MAX_BUILT_DEPTH)
+        if wire is not None:
+            return wire
+    global _json_python_bodies
+    with _fallback_lock:
+        _json_python_bodies += 1
+    return parse_json(body).SerializeToString()
 
 
 def _parse_dict(doc: dict[str, Any]) -> ExportTraceServiceRequest:
@@ -517,6 +541,14 @@ NATIVE_AVAILABLE: Final = _native is not None
 
 _fallback_lock = threading.Lock()
 _native_fallbacks = 0
+_json_python_bodies = 0
+
+
+def json_python_bodies() -> int:
+    """OTLP/JSON bodies :func:`json_to_protobuf` left to :func:`parse_json` (process-wide): those
+    the C transcoder declined (other shapes, snake_case keys, malformed text) and, when the
+    extension is not built, all of them."""
+    return _json_python_bodies
 
 
 def native_fallbacks() -> int:

@@ -53,6 +53,12 @@ class _NativeDecoderCollector(Collector):
             "Protobuf export bodies decoded on the Python path instead of the native decoder "
             "(content it leaves to Python, undecodable bodies, or the extension not built); process-wide",
             value=_decode.native_fallbacks())
+        yield CounterMetricFamily(
+            "routeaudit_decode_json_python_bodies",
+            "OTLP/JSON export bodies parsed in Python (json.loads, then the protobuf constructors or "
+            "ParseDict) instead of transcoded in C (shapes it leaves to Python, malformed text, or "
+            "the extension not built); process-wide",
+            value=_decode.json_python_bodies())
         yield GaugeMetricFamily(
             "routeaudit_decode_native_available", "1 when the native OTLP decoder is built and loaded",
             value=1 if _decode.NATIVE_AVAILABLE else 0)

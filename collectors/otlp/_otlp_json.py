@@ -9,6 +9,10 @@ returns None for anything else (a snake_case key, a null, a value of another typ
 one ``AnyValue``, bytes, a non-finite double written as a string, an unknown enum number), and
 :func:`collectors.otlp._decode.parse_json` then takes the ``ParseDict`` path, the reference:
 its results and its error messages. A differential test holds the two equal byte for byte.
+
+The receiver goes through this module only for bodies the C transcoder (``_json_native.c``,
+``_decode.json_to_protobuf``) leaves aside: it writes the same bytes straight from the text for
+the documents :func:`build_request` builds, and stops at the same depth, :data:`MAX_BUILT_DEPTH`.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ _STATUS: Final = frozenset({"message", "code"})
 _KV: Final = frozenset({"key", "value"})
 _VALUES: Final = frozenset({"values"})
 
-_MAX_DEPTH: Final = 8
+MAX_BUILT_DEPTH: Final = 8
 """Nesting of array and kvlist values built here at most (the decoder's ``MAX_VALUE_DEPTH``);
 a deeper document goes to ``ParseDict``, which refuses what upb cannot hold, and the decoder
 rejects the span."""
@@ -129,7 +133,7 @@ def _attrs(obj: dict[str, Any], depth: int = 0) -> list[KeyValue]:
 
 
 def _any(value: Any, depth: int = 0) -> AnyValue:
-    if type(value) is not dict or len(value) > 1 or depth > _MAX_DEPTH:
+    if type(value) is not dict or len(value) > 1 or depth > MAX_BUILT_DEPTH:
         raise _Unknown
     if not value:
         return AnyValue()

@@ -1,9 +1,13 @@
-"""The OTLP/JSON fast path (``_otlp_json.build_request``) gives exactly what ``ParseDict`` gives.
+"""The OTLP/JSON fast paths give exactly what ``ParseDict`` gives.
 
 ``parse_json`` takes the fast path for the documents SDKs send and protobuf's ``ParseDict`` (the
 reference) for any other; the fast path must never accept a document the reference refuses, and
 must build the same message byte for byte where it accepts one. Documents come from the real
 SDK and from hypothesis (well-formed ones, which must all take the fast path, and damaged ones).
+The C transcoder (``_json_native.transcode``, used by ``json_to_protobuf``) must give
+``build_request``'s bytes straight from the text, or None, and None wherever ``build_request``
+does not build the document; it is checked on the same documents written several ways and on
+damaged text.
 """
 
 from __future__ import annotations
@@ -19,8 +23,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from collectors.otlp._decode import MAX_VALUE_DEPTH, PayloadError, _parse_dict, decode, parse_json
-from collectors.otlp._otlp_json import build_request
+from collectors.otlp._decode import (
+    MAX_VALUE_DEPTH,
+    PayloadError,
+    _json_native,
+    _parse_dict,
+    decode,
+    json_python_bodies,
+    json_to_protobuf,
+    parse_json,
+)
+from collectors.otlp._otlp_json import MAX_BUILT_DEPTH, build_request
 
 
 def _reference(doc: dict[str, Any]) -> bytes | None:
@@ -194,3 +207,186 @@ def test_deeply_nested_values_are_refused_as_parse_dict_refuses_them(levels: int
         assert batch.accepted == 1
     elif levels >= 30:
         assert batch.accepted == 0 and "deeper than" in batch.rejected[0]
+
+
+# -- the C transcoder: the text straight to the protobuf bytes ------------------------------------
+needs_transcoder = pytest.mark.skipif(
+    _json_native is None, reason="OTLP/JSON transcoder extension not built (pip install -e . compiles it)")
+
+
+def _built(text: bytes) -> bytes | None:
+    """What the Python path makes of ``text`` when build_request accepts it, else None."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    built = build_request(doc) if isinstance(doc, dict) else None
+    return None if built is None else built.SerializeToString()
+
+
+def assert_transcoded(text: bytes) -> bool:
+    """The transcoder gives build_request's bytes or None, never anything else, and None wherever
+    build_request does not accept the text; returns whether it answered."""
+    wire = _json_native.transcode(text, MAX_BUILT_DEPTH)
+    built = _built(text)
+    if built is None:
+        assert wire is None, "the transcoder answered for a body the Python path does not build"
+        return False
+    if wire is not None:
+        assert wire == built
+    return wire is not None
+
+
+def _renderings(doc: dict[str, Any], rnd: Any) -> list[bytes]:
+    """The same document as different senders write it: compact, indented, \\u-escaped, keys in
+    another order."""
+    def shuffled(node: Any) -> Any:
+        if isinstance(node, dict):
+            items = list(node.items())
+            rnd.shuffle(items)
+            return {k: shuffled(v) for k, v in items}
+        if isinstance(node, list):
+            return [shuffled(v) for v in node]
+        return node
+    return [json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode(),
+            json.dumps(doc, indent=2).encode(),
+            json.dumps(shuffled(doc), ensure_ascii=False).encode(),
+            b" \r\n\t" + json.dumps(shuffled(doc)).encode() + b"\n"]
+
+
+@needs_transcoder
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_DOC, st.randoms(use_true_random=False))
+def test_transcoder_answers_for_well_formed_documents_with_build_requests_bytes(
+        doc: dict[str, Any], rnd: Any) -> None:
+    for text in _renderings(doc, rnd):
+        assert assert_transcoded(text), text[:300]
+
+
+@needs_transcoder
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_damaged())
+def test_transcoder_never_answers_otherwise_for_damaged_documents(doc: dict[str, Any]) -> None:
+    assert_transcoded(json.dumps(doc).encode())
+
+
+@needs_transcoder
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_DOC, st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 3), st.binary(min_size=1, max_size=3)),
+                      min_size=1, max_size=3))
+def test_transcoder_never_answers_otherwise_for_damaged_text(
+        doc: dict[str, Any], edits: list[tuple[int, int, bytes]]) -> None:
+    """Bytes inserted, replaced or cut, or the body truncated: whatever json.loads still reads."""
+    text = bytearray(json.dumps(doc, ensure_ascii=False).encode())
+    for at, how, data in edits:
+        at %= len(text) + 1
+        if how == 0:
+            text[at:at] = data
+        elif how == 1:
+            text[at:at + len(data)] = data
+        elif how == 2:
+            del text[at:at + len(data)]
+        else:
+            del text[at:]
+    assert_transcoded(bytes(text))
+
+
+def _span_text(**fields: str) -> bytes:
+    """One span whose fields are JSON text given verbatim (to write what json.dumps never does)."""
+    body = {"traceId": '"' + "ab" * 16 + '"', "spanId": '"' + "cd" * 8 + '"', **fields}
+    span = "{" + ",".join(f'"{k}":{v}' for k, v in body.items()) + "}"
+    return ('{"resourceSpans":[{"scopeSpans":[{"spans":[' + span + "]}]}]}").encode()
+
+
+def _attr(value: str) -> str:
+    return '[{"key":"k","value":' + value + "}]"
+
+
+@needs_transcoder
+@pytest.mark.parametrize(("text", "answers"), [
+    # what it writes as build_request does
+    (_span_text(name='"a\\u00e9\\ud83d\\ude00\\/\\"\\\\\\b\\f\\n\\r\\t"'), True),
+    (_span_text(name='"caf\u00e9 \U0001F600"'), True),
+    (_span_text(**{"na\\u006de": '"escaped key"'}), True),
+    (_span_text(startTimeUnixNano="18446744073709551615", endTimeUnixNano='"00018446744073709551615"'), True),
+    (_span_text(droppedAttributesCount="-0", flags="4294967295", kind='"SPAN_KIND_SERVER"'), True),
+    (_span_text(attributes=_attr('{"doubleValue":-0}')), True),  # float(-0) is +0.0
+    (_span_text(attributes=_attr('{"doubleValue":-0.0}')), True),
+    (_span_text(attributes=_attr('{"doubleValue":1e-320}')), True),
+    (_span_text(attributes=_attr('{"doubleValue":9007199254740992}')), True),
+    (_span_text(attributes=_attr('{"doubleValue":0.1000000000000000055511151231257827}')), True),
+    (_span_text(attributes=_attr('{"intValue":"-9223372036854775808"}')), True),
+    (_span_text(attributes=_attr('{"intValue":-9223372036854775808}')), True),
+    (_span_text(attributes=_attr('{"intValue":"0009"}')), True),
+    (_span_text(traceId='"ABCDEF0123456789abcdef0123456789"'), True),
+    (_span_text(status="{}", links="[]", events='[{}]'), True),
+    (_span_text(attributes='[{"key":"k","value":{"kvlistValue":{}}},'
+                           '{"value":{"arrayValue":{"values":[{}]}},"key":"z"}]'), True),
+    # what it leaves to Python
+    (_span_text(name='"\\ud800"'), False),  # a lone surrogate: upb refuses the str
+    (_span_text(name='"\\udc00\\ud800"'), False),
+    (_span_text(name='"a\\udc00"'), False),
+    (_span_text(name='"a\x01"'), False),  # a raw control character: json.loads refuses it
+    (_span_text(name='"x"').replace(b'"x"', b'"\xed\xa0\x80"'), False),  # a surrogate in UTF-8
+    (_span_text(name='"x"').replace(b'"x"', b'"\xff"'), False),  # not UTF-8: json.loads refuses it
+    (_span_text(name='"x"', **{"name ": '"y"'}), False),  # an unknown key
+    (_span_text(attributes=_attr('{"doubleValue":NaN}')), False),
+    (_span_text(attributes=_attr('{"doubleValue":1e400}')), False),
+    (_span_text(attributes=_attr('{"doubleValue":9007199254740993}')), False),
+    (_span_text(attributes=_attr('{"intValue":9223372036854775808}')), False),
+    (_span_text(attributes=_attr('{"intValue":"+1"}')), False),
+    (_span_text(attributes=_attr('{"intValue":1.0}')), False),
+    (_span_text(attributes=_attr('{"boolValue":1}')), False),
+    (_span_text(attributes=_attr('{"stringValue":null}')), False),
+    (_span_text(attributes=_attr('{"stringValue":"a","boolValue":true}')), False),
+    (_span_text(startTimeUnixNano="18446744073709551616"), False),
+    (_span_text(startTimeUnixNano="-1"), False),
+    (_span_text(startTimeUnixNano="01"), False),
+    (_span_text(startTimeUnixNano='"-1"'), False),
+    (_span_text(droppedAttributesCount="4294967296"), False),
+    (_span_text(kind="6"), False),
+    (_span_text(kind='"SERVER"'), False),
+    (_span_text(spanId='"cd cd cd cd cd cd cd cd"'), False),  # bytes.fromhex reads it; Python does
+    (_span_text(spanId='"abc"'), False),
+    (_span_text(trace_id='"' + "ab" * 16 + '"'), False),  # snake_case: ParseDict's
+    (_span_text(name='"a"') + b" x", False),
+    (b"\xef\xbb\xbf" + _span_text(name='"bom"'), False),
+    (b'{"resourceSpans":[],"resourceSpans":[]}', False),  # a duplicate key: json.loads keeps the last
+    (_span_text(name='"a"', attributes='[{"key":"a","value":{},"key":"b"}]'), False),
+    (_span_text(attributes=_attr('{"arrayValue":{"values":[],"values":[{}]}}')), False),
+    (b"[]", False),
+    (b"", False),
+])
+def test_transcoder_edges(text: bytes | str, answers: bool) -> None:
+    text = text.encode() if isinstance(text, str) else text
+    assert assert_transcoded(text) is answers
+
+
+@needs_transcoder
+@pytest.mark.parametrize("levels", [MAX_BUILT_DEPTH - 1, MAX_BUILT_DEPTH, MAX_BUILT_DEPTH + 1, 200])
+def test_transcoder_stops_at_build_requests_depth(levels: int) -> None:
+    value = '{"stringValue":"x"}'
+    for i in range(levels):
+        value = ('{"arrayValue":{"values":[' + value + "]}}" if i % 2 else
+                 '{"kvlistValue":{"values":[{"key":"k","value":' + value + "}]}}")
+    assert assert_transcoded(_span_text(attributes=_attr(value))) is (levels <= MAX_BUILT_DEPTH)
+
+
+@needs_transcoder
+def test_json_to_protobuf_counts_the_bodies_left_to_python() -> None:
+    camel = json.dumps(_span_doc()).encode()
+    snake = camel.replace(b'"traceId"', b'"trace_id"')
+    before = json_python_bodies()
+    assert json_to_protobuf(camel) == parse_json(camel).SerializeToString()
+    assert json_python_bodies() == before
+    assert json_to_protobuf(snake) == parse_json(snake).SerializeToString()
+    assert json_python_bodies() == before + 1
+    with pytest.raises(PayloadError, match="not valid JSON"):
+        json_to_protobuf(b"{")
+    assert json_python_bodies() == before + 2
+
+
+def _span_doc() -> dict[str, Any]:
+    return {"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "s", "startTimeUnixNano": "1767225600000000000",
+         "endTimeUnixNano": "1767225600000000001", "attributes": [{"key": "k", "value": {"intValue": "3"}}]}]}]}]}

@@ -43,6 +43,7 @@ from collectors.otlp import (
     CollectorConfig,
     ConfigError,
     StartError,
+    _decode,
     default_config,
 )
 
@@ -180,12 +181,21 @@ def _json_doc(span_hex: str = "00f067aa0ba902b7") -> dict[str, Any]:
     }]}
 
 
+def _json_python_bodies(c: Collector) -> float:
+    text = httpx.get(c.http_url + "/metrics").text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("routeaudit_decode_json_python_bodies_total ")]
+    return float(line.split()[1])
+
+
 @pytest.mark.parametrize("gz", [False, True])
 def test_otlp_json_hex_ids_camel_case_string_int64(collector: Collector, gz: bool) -> None:
     body = json.dumps(_json_doc()).encode()
     headers = {"content_encoding": "gzip"} if gz else {}
+    before = _json_python_bodies(collector)
     r = post(collector, gzip.compress(body) if gz else body, "application/json", **headers)
     assert r.status_code == 200, r.text
+    # the C transcoder took it (the Python path when the extension is not built)
+    assert _json_python_bodies(collector) == before + (0 if _decode._json_native is not None else 1)
     assert r.headers["content-type"].startswith("application/json")
     assert r.json() == {}
     got = rows(collector, "select trace_id, span_id, kind, start_ns, end_ns - start_ns, status_code, "
