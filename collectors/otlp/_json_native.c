@@ -717,6 +717,11 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
     int max_depth;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*i", &body, &max_depth)) return NULL;
+    if (max_depth < 0 || max_depth > 64) { /* the recursion follows the nesting: keep the C stack small */
+        PyBuffer_Release(&body);
+        PyErr_SetString(PyExc_ValueError, "max_depth must be within 0..64");
+        return NULL;
+    }
     J j = {0};
     j.p = body.buf;
     j.end = j.p + body.len;

@@ -373,6 +373,12 @@ def test_transcoder_stops_at_build_requests_depth(levels: int) -> None:
 
 
 @needs_transcoder
+def test_transcoder_refuses_a_depth_its_stack_would_not_hold() -> None:
+    with pytest.raises(ValueError, match="max_depth"):
+        _json_native.transcode(b"{}", 10_000)
+
+
+@needs_transcoder
 def test_json_to_protobuf_counts_the_bodies_left_to_python() -> None:
     camel = json.dumps(_span_doc()).encode()
     snake = camel.replace(b'"traceId"', b'"trace_id"')
