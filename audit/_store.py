@@ -374,7 +374,8 @@ class Reader:
         self.slo = slo or load_slo()
         self._rebuild_tried = False
         if not self.path.exists():
-            raise StoreError(f"no store at {self.path} (start `routeaudit collect --db {self.path}` or run `routeaudit demo`)")
+            raise StoreError(f"no store at {self.path} (start `routeaudit collect --db {self.path}` "
+                             "or run `routeaudit demo`)")
 
     def query(self, sql: str, params: Sequence[Any] | None = None, *,
               slo: SLO | None = None,

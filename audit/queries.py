@@ -494,7 +494,7 @@ def slow_page(reader: Reads, slo: Mapping[str, float] | None = None, *,
 def _rows_of(both: pl.DataFrame, column: str) -> pl.DataFrame:
     """The rows of one list-of-struct cell (none when the list is NULL: no rows)."""
     fields = both.schema[column].inner.fields  # type: ignore[attr-defined]
-    value = both[column][0]
+    value: pl.Series | None = both[column][0]  # a list cell is a Series of its structs
     if value is None or len(value) == 0:
         return pl.DataFrame(schema={f.name: f.dtype for f in fields})
     return value.struct.unnest()

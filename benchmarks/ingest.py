@@ -169,8 +169,9 @@ def stages(bodies: list[bytes], batch: int) -> dict[str, float]:
         for group in (512, 4096, 16384, 65536):
             reps = max(1, 40_000 // group)
             sub_s = spans.slice(0, group)
-            keys = set(zip(sub_s["trace_id"].to_pylist(), sub_s["span_id"].to_pylist()))
-            mask = [(a, b) in keys for a, b in zip(events["trace_id"].to_pylist(), events["span_id"].to_pylist())]
+            keys = set(zip(sub_s["trace_id"].to_pylist(), sub_s["span_id"].to_pylist(), strict=True))
+            mask = [(a, b) in keys
+                    for a, b in zip(events["trace_id"].to_pylist(), events["span_id"].to_pylist(), strict=True)]
             sub_e = events.filter(pa.array(mask))
             if sub_s.num_rows < group:
                 continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sized
 from typing import Any
 
 from opentelemetry import trace
@@ -48,10 +48,11 @@ def run_load(
     """Send ``requests`` to ``url`` (the router's base URL) and return the results.
 
     Each request is a dict ``{request_id?, at_s, endpoint, prompt | prompt_tokens | messages,
-    max_tokens, stream, model, extra?}`` (``extra``: more body fields, sent as they are); ``at_s`` is the arrival offset from the start of the run, in
-    order. At most ``concurrency`` requests are in flight; an arrival that finds no free slot
-    waits for one (so the arrival trace is only honoured below saturation). Results are in
-    completion order. Blocks; runs its own event loop.
+    max_tokens, stream, model, extra?}`` (``extra``: more body fields, sent as they are);
+    ``at_s`` is the arrival offset from the start of the run, in order. At most ``concurrency``
+    requests are in flight; an arrival that finds no free slot waits for one (so the arrival
+    trace is only honoured below saturation). Results are in completion order. Blocks; runs its
+    own event loop.
     """
     return asyncio.run(
         arun_load(url, requests, concurrency, progress, timeout=timeout, run_id=run_id,
@@ -71,7 +72,7 @@ async def arun_load(
 ) -> list[ClientResult]:
     """Async form of :func:`run_load`."""
     concurrency = max(1, int(concurrency))
-    total = len(requests) if hasattr(requests, "__len__") else None
+    total = len(requests) if isinstance(requests, Sized) else None
     results: list[ClientResult] = []
     slots = asyncio.Semaphore(concurrency)
     bar = tqdm(total=total, disable=not progress, unit="req", desc="load")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Final
 
 from opentelemetry import propagate, trace
@@ -64,7 +65,7 @@ def summarize(
     """
     e2e = (end_ns - start_ns) / 1e6
     ttft = (token_ns[0] - start_ns) / 1e6 if token_ns else None
-    itl = [(b - a) / 1e6 for a, b in zip(token_ns, token_ns[1:])]
+    itl = [(b - a) / 1e6 for a, b in pairwise(token_ns)]
     n = usage_tokens if usage_tokens is not None else (len(token_ns) if token_ns else None)
     tpot = (e2e - ttft) / (n - 1) if (ttft is not None and n is not None and n >= 2) else None
     return ttft, tpot, e2e, itl, n

@@ -38,7 +38,7 @@ from audit.schema import RAW_SPAN_EVENTS_SCHEMA
 try:  # the optional C extension (setup.py); without it the Python expansion does it all
     from collectors.otlp import _native
 except ImportError:  # pragma: no cover - depends on the build
-    _native = None
+    _native = None  # type: ignore[assignment]  # mypy types the name as the module (_native.pyi)
 
 MAX_CANDIDATES: Final = 4096
 """Candidates expanded per decision at most; the text of a decision with more is kept verbatim."""

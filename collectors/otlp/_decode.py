@@ -14,6 +14,7 @@ import json
 import math
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -28,14 +29,16 @@ from audit.schema import RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA
 from collectors.otlp import _candidate_events
 from collectors.otlp._otlp_json import MAX_BUILT_DEPTH, build_request
 
-try:  # the optional C extensions (setup.py); without them every body takes the Python path
+# The optional C extensions (setup.py); without them every body takes the Python path. mypy
+# types a module name as the module (the .pyi stubs), never None: hence the ignores.
+try:
     from collectors.otlp import _native
 except ImportError:  # pragma: no cover - depends on the build
-    _native = None
+    _native = None  # type: ignore[assignment]
 try:
     from collectors.otlp import _json_native
 except ImportError:  # pragma: no cover - depends on the build
-    _json_native = None
+    _json_native = None  # type: ignore[assignment]
 
 _KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 _STATUS = ("unset", "ok", "error")
@@ -70,7 +73,7 @@ VIEW_KEYS: Final = frozenset(semconv.TYPED_SPAN_ATTRIBUTES)
 are these). A key added to the registry at run time is not among them, so it stays in the JSON."""
 
 
-def stored_once(typed: dict[str, tuple[str, str]]) -> dict[str, str]:
+def stored_once(typed: Mapping[str, tuple[str, str]]) -> dict[str, str]:
     """Typed span keys (to their column type) whose exactly held values leave the attributes JSON:
     those the view puts back, with a column of their own (two keys sharing one column would lose
     one value), less the candidates text, which has its own rule (:data:`_APART`)."""
@@ -166,7 +169,8 @@ def json_to_protobuf(body: bytes) -> bytes:
     global _json_python_bodies
     with _fallback_lock:
         _json_python_bodies += 1
-    return parse_json(body).SerializeToString()
+    serialized: bytes = parse_json(body).SerializeToString()
+    return serialized
 
 
 def _parse_dict(doc: dict[str, Any]) -> ExportTraceServiceRequest:
@@ -326,7 +330,8 @@ def _coerce(value: Any, typ: str) -> Any:
         if value is None:
             return None
         if typ == "VARCHAR":
-            return value if isinstance(value, str) else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+            return (value if isinstance(value, str)
+                    else json.dumps(value) if isinstance(value, (list, dict)) else str(value))
         if typ == "BIGINT":
             if isinstance(value, bool):
                 return int(value)
@@ -390,7 +395,7 @@ def _coerce_column(values: list[Any], typ: str) -> list[Any]:
 
 
 def _typed_columns(cols: dict[str, list[Any]], dicts: list[dict[str, Any]],
-                   typed: dict[str, tuple[str, str]]) -> None:
+                   typed: Mapping[str, tuple[str, str]]) -> None:
     """Fill the typed columns of ``typed`` from ``dicts``, only scanning keys that occur."""
     present: set[str] = set()
     for d in dicts:
@@ -515,13 +520,16 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
                     ev_attrs_all.append(ev_attrs)
 
     n = len(rows)
-    span_cols: dict[str, list[Any]] = dict(zip(_SPAN_FIXED, map(list, zip(*rows)))) if n else {
+    # every row holds one value per name (strict: a row of another length is a bug, not data)
+    span_cols: dict[str, list[Any]] = dict(
+        zip(_SPAN_FIXED, map(list, zip(*rows, strict=True)), strict=True)) if n else {
         name: [] for name in _SPAN_FIXED}
     span_cols["received_ns"] = [received_ns] * n
     span_cols["resource_attributes"] = [r[0] for r in res_of_span]
     _typed_columns(span_cols, [r[1] for r in res_of_span], semconv.TYPED_RESOURCE_ATTRIBUTES)
     _typed_columns(span_cols, span_attrs, semconv.TYPED_SPAN_ATTRIBUTES)
-    event_cols: dict[str, list[Any]] = dict(zip(_EVENT_FIXED, map(list, zip(*ev_rows)))) if ev_rows \
+    event_cols: dict[str, list[Any]] = dict(
+        zip(_EVENT_FIXED, map(list, zip(*ev_rows, strict=True)), strict=True)) if ev_rows \
         else {name: [] for name in _EVENT_FIXED}
     _typed_columns(event_cols, ev_attrs_all, semconv.TYPED_EVENT_ATTRIBUTES)
 
@@ -604,8 +612,9 @@ def _native_config() -> _NativeConfig:
             return cfg
     snap = _snapshot()
     items = tuple(tuple(d.items()) for d in snap[:3])
-    typed = tuple([(key, _KIND_OF_TYPE.get(typ, 4)) for key, (_col, typ) in its] for its in items)
-    capsule = _native.make_config(typed, sorted(snap[3]), list(snap[4]), [_APART],
+    span_kinds, res_kinds, ev_kinds = ([(key, _KIND_OF_TYPE.get(typ, 4)) for key, (_col, typ) in its]
+                                       for its in items)
+    capsule = _native.make_config((span_kinds, res_kinds, ev_kinds), sorted(snap[3]), list(snap[4]), [_APART],
                                   sorted(stored_once(snap[0])), *snap[5:])
     cfg = _NativeConfig(snap, capsule, items[0], items[1], items[2])
     _native_cfg = cfg

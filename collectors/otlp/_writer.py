@@ -105,7 +105,8 @@ class Writer:
             snapshots.num_rows if snapshots is not None else 0)
         fut: Future[None] = Future()
         # Only exports are spooled: snapshot rows are the collector's own and nobody waits for them.
-        spooled = self._spool is not None and spans is not None and spans.num_rows > 0
+        spool = self._spool if spans is not None and spans.num_rows > 0 else None
+        spooled = spool is not None
         with self._cond:
             if self._closing:
                 raise WriterUnavailable("collector is shutting down")
@@ -115,10 +116,10 @@ class Writer:
                 )
             self._depth += weight  # reserved: the spool write below happens outside the lock
         item = _Item(spans, events, snapshots, weight, fut)
-        if spooled:
+        if spool is not None:
             try:
-                record = encode_record(spans, events)  # type: ignore[arg-type]
-                item.segment = self._spool.append_record(record, fut)  # type: ignore[union-attr]
+                record = encode_record(spans, events)
+                item.segment = spool.append_record(record, fut)
             except (OSError, SpoolError, pa.ArrowException) as exc:
                 with self._cond:
                     self._depth -= weight

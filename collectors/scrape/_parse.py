@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -104,7 +105,8 @@ def parse_metrics(
         return [failed_row(target, scraped_ns, f"parse error: {type(exc).__name__}: {exc}",
                            scrape_ms)]
     unranked = groups.pop(None, {})
-    ranks = sorted(groups) if groups else [None]
+    # the unranked group is popped: the keys left are ranks
+    ranks: Sequence[int | None] = sorted(r for r in groups if r is not None) if groups else [None]
     rows = []
     for rank in ranks:
         fields = dict(unranked)

@@ -41,7 +41,9 @@ else:
             )
             top = float(max(scatter["predicted"].max() or 0, scatter["actual"].max() or 0))
             diag = alt.Chart(
-                alt.Data(values=[{"x": 0, "y": 0}, {"x": top, "y": top}])
+                # alt.Data (untyped __init__ in altair's generated schema) keeps the two points
+                # inline; InlineData or a dict would move them to a named top-level dataset
+                alt.Data(values=[{"x": 0, "y": 0}, {"x": top, "y": top}])  # type: ignore[no-untyped-call]
             ).mark_line(color="gray", strokeDash=[4, 4]).encode(x="x:Q", y="y:Q")
             _ui.chart((pts + diag).properties(height=340))
     with right:
@@ -66,7 +68,7 @@ st.subheader("Predicted-but-missing cached tokens over time")
 st.caption("Tokens a router expected to be cached that the replica did not find: evictions "
            "(or a wrong prefix index).")
 misses = None if summary.height == 0 else _ui.query("cache_misses_over_time", _ui.BUCKETS)
-if _ui.empty(misses):
+if misses is None or _ui.empty(misses):
     st.info("Nothing to show yet.")
 else:
     _ui.chart(alt.Chart(misses.to_pandas()).mark_bar().encode(

@@ -120,12 +120,12 @@ else:
         })
 
 st.subheader("Cached tokens: predicted vs actual")
-cols = st.columns(3)
-cols[0].metric("Predicted cached tokens", "–" if r["predicted_cached_tokens"] is None
-               else f"{r['predicted_cached_tokens']:,}")
-cols[1].metric("Actual cached tokens", "–" if r["actual_cached_tokens"] is None
-               else f"{r['actual_cached_tokens']:,}")
-cols[2].metric("Input tokens", "–" if r["input_tokens"] is None else f"{r['input_tokens']:,}")
+cached = st.columns(3)
+cached[0].metric("Predicted cached tokens", "–" if r["predicted_cached_tokens"] is None
+                 else f"{r['predicted_cached_tokens']:,}")
+cached[1].metric("Actual cached tokens", "–" if r["actual_cached_tokens"] is None
+                 else f"{r['actual_cached_tokens']:,}")
+cached[2].metric("Input tokens", "–" if r["input_tokens"] is None else f"{r['input_tokens']:,}")
 
 with st.expander("Raw spans (each emitter's own clock)"):
     spans = _ui.query("request_spans", request_key)

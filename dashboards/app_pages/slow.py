@@ -69,10 +69,10 @@ if breakdown.height == 0:
     st.stop()
 
 total = int(breakdown["requests"].sum())
-cols = st.columns(3)
-cols[0].metric("Slow requests", f"{total:,}")
-cols[1].metric("Total excess", _ui.fmt_ms(float(breakdown["total_excess_ms"].sum())))
-cols[2].metric("Top cause", str(breakdown["cause"][0]))
+tiles = st.columns(3)
+tiles[0].metric("Slow requests", f"{total:,}")
+tiles[1].metric("Total excess", _ui.fmt_ms(float(breakdown["total_excess_ms"].sum())))
+tiles[2].metric("Top cause", str(breakdown["cause"][0]))
 
 st.subheader("Causes")
 left, right = st.columns(2)
@@ -114,11 +114,11 @@ if rows:
         "request_id": str(chosen["request_id"]), "request_key": str(chosen["request_key"])})
 
 picks = {r["request_key"]: r for r in table.iter_rows(named=True)}
-pick = st.selectbox(
+picked = st.selectbox(
     "Or open a request", list(picks), key="slow_pick",
     # ids may repeat (across runs): the run and the send time tell such requests apart
     format_func=lambda k: f"{picks[k]['request_id']} · run {picks[k]['run_id']} · "
                           f"{picks[k]['client_start']}")
-if pick:
-    st.page_link("app_pages/request.py", label=f"Drill down into {picks[pick]['request_id']} →",
-                 query_params={"request_id": str(picks[pick]["request_id"]), "request_key": pick})
+if picked:
+    st.page_link("app_pages/request.py", label=f"Drill down into {picks[picked]['request_id']} →",
+                 query_params={"request_id": str(picks[picked]["request_id"]), "request_key": picked})

@@ -213,10 +213,15 @@ def one_request(
 
 
 CAPTURE_RUNS = {
-    "smg_round_robin": ("smg-0.3.2_round_robin_fake-workers", ["smg-0.3.2_round_robin_fake-workers.pb", "smg-0.3.2_round_robin_fake-workers_health.pb"]),
-    "smg_cache_aware": ("smg-0.3.2_cache_aware_fake-workers", ["smg-0.3.2_cache_aware_fake-workers.pb"]),
-    "vllmr_round_robin": ("vllm-router-0.1.17_round_robin_fake-workers", ["vllm-router-0.1.17_round_robin_fake-workers.pb"]),
-    "vllmr_power_of_two": ("vllm-router-0.1.17_power_of_two_fake-workers", ["vllm-router-0.1.17_power_of_two_fake-workers.pb"]),
+    "smg_round_robin": ("smg-0.3.2_round_robin_fake-workers",
+                        ["smg-0.3.2_round_robin_fake-workers.pb",
+                         "smg-0.3.2_round_robin_fake-workers_health.pb"]),
+    "smg_cache_aware": ("smg-0.3.2_cache_aware_fake-workers",
+                        ["smg-0.3.2_cache_aware_fake-workers.pb"]),
+    "vllmr_round_robin": ("vllm-router-0.1.17_round_robin_fake-workers",
+                          ["vllm-router-0.1.17_round_robin_fake-workers.pb"]),
+    "vllmr_power_of_two": ("vllm-router-0.1.17_power_of_two_fake-workers",
+                           ["vllm-router-0.1.17_power_of_two_fake-workers.pb"]),
 }
 
 

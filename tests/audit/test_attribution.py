@@ -206,7 +206,7 @@ def rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = No
          ) -> list[dict[str, Any]]:
     rel = con.sql(sql, params=params)
     names = rel.columns
-    return [dict(zip(names, r)) for r in rel.fetchall()]
+    return [dict(zip(names, r, strict=True)) for r in rel.fetchall()]
 
 
 def primary(con: duckdb.DuckDBPyConnection, request_id: str) -> dict[str, Any]:

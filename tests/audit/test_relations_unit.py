@@ -166,7 +166,7 @@ def test_router_clock_five_seconds_ahead_is_corrected(scenario: Marts, skewed: M
     q = ["request_id", "decided_at", "forward_ms"]
     a = scenario["decisions"].filter(pl.col("request_id").is_in(ids)).select(q).sort("request_id")
     b = skewed["decisions"].select(q).sort("request_id")
-    for x, y in zip(a.iter_rows(named=True), b.iter_rows(named=True)):
+    for x, y in zip(a.iter_rows(named=True), b.iter_rows(named=True), strict=True):
         assert abs((x["decided_at"] - y["decided_at"]).total_seconds()) < 0.005
         assert x["forward_ms"] == y["forward_ms"]
 

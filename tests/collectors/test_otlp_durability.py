@@ -137,7 +137,7 @@ def kill_and_restart(tmp_path: Path, extra: tuple[str, ...]) -> int:
         reader = audit.open(db)  # goes to the restarted collector through the sidecar
         stored = reader.query("select span_id, count(*) over (partition by trace_id, span_id) as n "
                               "from raw_spans")
-        counts = dict(zip(stored["span_id"].to_list(), stored["n"].to_list()))
+        counts = dict(zip(stored["span_id"].to_list(), stored["n"].to_list(), strict=True))
         missing = [s for s in acked if s not in counts]
         assert not missing, f"{len(missing)} acknowledged spans lost, e.g. {missing[:3]}"
         assert set(counts.values()) == {1}

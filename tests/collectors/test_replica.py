@@ -73,7 +73,8 @@ def app_under_test(report: bool) -> Starlette:
         if body.get("stream"):
             async def gen() -> Any:
                 for i in range(3):
-                    yield f'data: {json.dumps({"choices": [{"text": f"t{i}", "finish_reason": "length" if i == 2 else None}]})}\n\n'
+                    choice = {"text": f"t{i}", "finish_reason": "length" if i == 2 else None}
+                    yield f'data: {json.dumps({"choices": [choice]})}\n\n'
                 yield 'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}\n\n'
                 yield "data: [DONE]\n\n"
             return StreamingResponse(gen(), media_type="text/event-stream")

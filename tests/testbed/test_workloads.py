@@ -54,7 +54,9 @@ def test_azure_loads_and_reports_bad_lines(tmp_path: Path) -> None:
     reqs = load_azure(kind="code", limit=20)
     assert len(reqs) == 20 and reqs[0].arrival_s == 0.0
     p = tmp_path / "a.csv"
-    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,2\n2023-11-16 18:17:04,abc,2\n")
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:17:03.9799600,10,2\n"
+                 "2023-11-16 18:17:04,abc,2\n")
     with pytest.raises(WorkloadError, match=r"a\.csv:3: token counts must be integers"):
         load_azure(str(p))
     p.write_text("when,a,b\n")
