@@ -15,12 +15,14 @@ setup(
         Extension(
             "collectors.otlp._native",
             sources=["collectors/otlp/_native.c"],
+            depends=["collectors/otlp/_utf8.h"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"],
             optional=True,
         ),
         Extension(
             "collectors.otlp._json_native",
             sources=["collectors/otlp/_json_native.c"],
+            depends=["collectors/otlp/_utf8.h"],
             extra_compile_args=["-O2", "-std=gnu99", "-Wall"],
             optional=True,
         ),

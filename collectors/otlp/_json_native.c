@@ -26,12 +26,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_utf8.h"
+
+typedef struct {
+    uint8_t *d;
+    size_t n, cap;
+} Buf;
+
 typedef struct {
     const unsigned char *p, *end;
-    uint8_t *out; /* the wire bytes */
-    size_t n, cap;
-    uint8_t *str; /* the last string decoded (escapes resolved, UTF-8) */
-    size_t sn, scap;
+    Buf out; /* the wire bytes */
+    Buf str; /* the last string decoded (escapes resolved, UTF-8) */
     int max_depth;
 } J;
 
@@ -43,24 +48,26 @@ static locale_t c_locale; /* "C" numbers whatever the process locale; made at im
 /* ------------------------------------------------------------------------------------------- */
 /* output                                                                                        */
 /* ------------------------------------------------------------------------------------------- */
-static R reserve(J *j, size_t more) {
-    if (j->n + more <= j->cap) return OK;
-    size_t cap = j->cap ? j->cap : 4096;
-    while (cap < j->n + more) cap *= 2;
-    uint8_t *o = realloc(j->out, cap);
-    if (!o) return FAIL;
-    j->out = o;
-    j->cap = cap;
+static R grow(Buf *b, size_t more) {
+    if (b->n + more <= b->cap) return OK;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + more) cap *= 2;
+    uint8_t *d = realloc(b->d, cap);
+    if (!d) return FAIL;
+    b->d = d;
+    b->cap = cap;
     return OK;
 }
+
+static R reserve(J *j, size_t more) { return grow(&j->out, more); }
 
 static R put_varint(J *j, uint64_t v) {
     TRY(reserve(j, 10));
     while (v >= 0x80) {
-        j->out[j->n++] = (uint8_t)(v | 0x80);
+        j->out.d[j->out.n++] = (uint8_t)(v | 0x80);
         v >>= 7;
     }
-    j->out[j->n++] = (uint8_t)v;
+    j->out.d[j->out.n++] = (uint8_t)v;
     return OK;
 }
 
@@ -69,7 +76,7 @@ static R put_tag(J *j, int field, int wire) { return put_varint(j, ((uint64_t)fi
 static R put_fixed(J *j, int field, uint64_t v, int bytes) {
     TRY(put_tag(j, field, bytes == 8 ? 1 : 5));
     TRY(reserve(j, 8));
-    for (int i = 0; i < bytes; i++) j->out[j->n++] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < bytes; i++) j->out.d[j->out.n++] = (uint8_t)(v >> (8 * i));
     return OK;
 }
 
@@ -77,8 +84,8 @@ static R put_len(J *j, int field, const uint8_t *data, size_t len) {
     TRY(put_tag(j, field, 2));
     TRY(put_varint(j, len));
     TRY(reserve(j, len));
-    memcpy(j->out + j->n, data, len);
-    j->n += len;
+    memcpy(j->out.d + j->out.n, data, len);
+    j->out.n += len;
     return OK;
 }
 
@@ -93,20 +100,20 @@ static int varint_size(uint64_t v) {
 static R open_msg(J *j, int field, size_t *body) {
     TRY(put_tag(j, field, 2));
     TRY(reserve(j, 1));
-    j->n++;
-    *body = j->n;
+    j->out.n++;
+    *body = j->out.n;
     return OK;
 }
 
 static R close_msg(J *j, size_t body) {
-    size_t len = j->n - body;
+    size_t len = j->out.n - body;
     int vs = varint_size(len);
     if (vs > 1) {
         TRY(reserve(j, (size_t)vs - 1));
-        memmove(j->out + body + vs - 1, j->out + body, len);
-        j->n += (size_t)vs - 1;
+        memmove(j->out.d + body + vs - 1, j->out.d + body, len);
+        j->out.n += (size_t)vs - 1;
     }
-    uint8_t *q = j->out + body - 1;
+    uint8_t *q = j->out.d + body - 1;
     uint64_t v = len;
     while (v >= 0x80) { *q++ = (uint8_t)(v | 0x80); v >>= 7; }
     *q = (uint8_t)v;
@@ -136,17 +143,17 @@ static R in_field_order(J *j, Fields *f, size_t base) {
     for (int i = 1; i < f->nf; i++)
         if (f->field[i] < f->field[i - 1]) sorted = 0;
     if (sorted) return OK;
-    size_t len = j->n - base;
+    size_t len = j->out.n - base;
     uint8_t *tmp = malloc(len ? len : 1);
     if (!tmp) return FAIL;
-    memcpy(tmp, j->out + base, len);
+    memcpy(tmp, j->out.d + base, len);
     size_t at = base;
     for (int want = 0; want < f->nf; want++) {
         int best = -1; /* the next field in order (each field appears once) */
         for (int i = 0; i < f->nf; i++)
             if (f->field[i] >= 0 && (best < 0 || f->field[i] < f->field[best])) best = i;
         size_t n = f->end[best] - f->start[best];
-        memcpy(j->out + at, tmp + (f->start[best] - base), n);
+        memcpy(j->out.d + at, tmp + (f->start[best] - base), n);
         at += n;
         f->field[best] = -1;
     }
@@ -173,16 +180,9 @@ static R eat(J *j, int c) {
 }
 
 static R str_push(J *j, const uint8_t *s, size_t n) {
-    if (j->sn + n > j->scap) {
-        size_t cap = j->scap ? j->scap : 256;
-        while (cap < j->sn + n) cap *= 2;
-        uint8_t *b = realloc(j->str, cap);
-        if (!b) return FAIL;
-        j->str = b;
-        j->scap = cap;
-    }
-    memcpy(j->str + j->sn, s, n);
-    j->sn += n;
+    TRY(grow(&j->str, n));
+    memcpy(j->str.d + j->str.n, s, n);
+    j->str.n += n;
     return OK;
 }
 
@@ -221,24 +221,14 @@ static int utf8_len(const unsigned char *s, const unsigned char *end) {
 
 static R push_cp(J *j, uint32_t cp) {
     uint8_t b[4];
-    size_t n;
-    if (cp < 0x80) { b[0] = (uint8_t)cp; n = 1; }
-    else if (cp < 0x800) { b[0] = (uint8_t)(0xC0 | (cp >> 6)); b[1] = (uint8_t)(0x80 | (cp & 0x3F)); n = 2; }
-    else if (cp < 0x10000) {
-        b[0] = (uint8_t)(0xE0 | (cp >> 12)); b[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-        b[2] = (uint8_t)(0x80 | (cp & 0x3F)); n = 3;
-    } else {
-        b[0] = (uint8_t)(0xF0 | (cp >> 18)); b[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
-        b[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F)); b[3] = (uint8_t)(0x80 | (cp & 0x3F)); n = 4;
-    }
-    return str_push(j, b, n);
+    return str_push(j, b, utf8_encode(cp, b));
 }
 
 /* A JSON string into j->str. A lone surrogate (json.loads keeps it; upb then refuses the str)
  * and control characters (json.loads refuses them) return None. */
 static R string(J *j) {
     if (eat(j, '"') != OK) return FAIL;
-    j->sn = 0;
+    j->str.n = 0;
     for (;;) {
         const unsigned char *run = j->p;
         while (j->p < j->end && *j->p != '"' && *j->p != '\\' && *j->p >= 0x20) {
@@ -288,7 +278,7 @@ static R string(J *j) {
 
 static int str_is(J *j, const char *s) {
     size_t n = strlen(s);
-    return j->sn == n && memcmp(j->str, s, n) == 0;
+    return j->str.n == n && memcmp(j->str.d, s, n) == 0;
 }
 
 /* A JSON number as json.loads types it: an int (no fraction, no exponent) or a float. */
@@ -349,38 +339,29 @@ static R boolean(J *j, int *v) {
 }
 
 /* Object and array walking: open, then for each member next() until it says there are none. */
-static R obj_open(J *j, int *more) {
-    TRY(eat(j, '{'));
-    *more = peek(j) != '}';
+static R open_(J *j, int open, int close, int *more) {
+    TRY(eat(j, open));
+    *more = peek(j) != close;
     if (!*more) j->p++;
     return OK;
 }
 
-/* The next key (into j->str) and its colon; *more = 0 at the closing brace. */
+static R next_(J *j, int close, int *more) {
+    int c = peek(j);
+    if (c == ',') { j->p++; *more = 1; return OK; }
+    if (c == close) { j->p++; *more = 0; return OK; }
+    return FAIL;
+}
+
+static R obj_open(J *j, int *more) { return open_(j, '{', '}', more); }
+static R obj_next(J *j, int *more) { return next_(j, '}', more); }
+static R arr_open(J *j, int *more) { return open_(j, '[', ']', more); }
+static R arr_next(J *j, int *more) { return next_(j, ']', more); }
+
+/* The next key (into j->str) and its colon. */
 static R obj_key(J *j) {
     TRY(string(j));
     return eat(j, ':');
-}
-
-static R obj_next(J *j, int *more) {
-    int c = peek(j);
-    if (c == ',') { j->p++; *more = 1; return OK; }
-    if (c == '}') { j->p++; *more = 0; return OK; }
-    return FAIL;
-}
-
-static R arr_open(J *j, int *more) {
-    TRY(eat(j, '['));
-    *more = peek(j) != ']';
-    if (!*more) j->p++;
-    return OK;
-}
-
-static R arr_next(J *j, int *more) {
-    int c = peek(j);
-    if (c == ',') { j->p++; *more = 1; return OK; }
-    if (c == ']') { j->p++; *more = 0; return OK; }
-    return FAIL;
 }
 
 /* Which of `keys` the key in j->str is; a second sighting in one object returns None. */
@@ -399,7 +380,7 @@ static int key_index(J *j, const char *const *keys, Fields *f) {
 /* ------------------------------------------------------------------------------------------- */
 static R f_string(J *j, int field) { /* proto3 string: "" is left out */
     TRY(string(j));
-    return j->sn ? put_len(j, field, j->str, j->sn) : OK;
+    return j->str.n ? put_len(j, field, j->str.d, j->str.n) : OK;
 }
 
 static R int_of(const Num *n, int64_t lo, uint64_t hi_excl, int64_t *neg_out, uint64_t *pos_out) {
@@ -445,10 +426,10 @@ static R digits(J *j, int signed_ok, int *neg, uint64_t *mag) {
     size_t i = 0;
     *neg = 0;
     *mag = 0;
-    if (signed_ok && j->sn && j->str[0] == '-') { *neg = 1; i = 1; }
-    if (i == j->sn) return FAIL;
-    for (; i < j->sn; i++) {
-        unsigned c = j->str[i];
+    if (signed_ok && j->str.n && j->str.d[0] == '-') { *neg = 1; i = 1; }
+    if (i == j->str.n) return FAIL;
+    for (; i < j->str.n; i++) {
+        unsigned c = j->str.d[i];
         if (c < '0' || c > '9') return FAIL;
         if (*mag > (UINT64_MAX - (c - '0')) / 10) return FAIL;
         *mag = *mag * 10 + (c - '0');
@@ -480,14 +461,14 @@ static int hexval(unsigned c) {
 
 static R f_id(J *j, int field) { /* bytes.fromhex; spaced or odd forms go to Python */
     TRY(string(j));
-    if (j->sn % 2) return FAIL;
-    size_t n = j->sn / 2;
+    if (j->str.n % 2) return FAIL;
+    size_t n = j->str.n / 2;
     for (size_t i = 0; i < n; i++) {
-        int hi = hexval(j->str[2 * i]), lo = hexval(j->str[2 * i + 1]);
+        int hi = hexval(j->str.d[2 * i]), lo = hexval(j->str.d[2 * i + 1]);
         if (hi < 0 || lo < 0) return FAIL;
-        j->str[i] = (uint8_t)(hi * 16 + lo); /* in place: the write trails the read */
+        j->str.d[i] = (uint8_t)(hi * 16 + lo); /* in place: the write trails the read */
     }
-    return n ? put_len(j, field, j->str, n) : OK;
+    return n ? put_len(j, field, j->str.d, n) : OK;
 }
 
 static R f_enum(J *j, int field, const char *const *names, int count) {
@@ -562,7 +543,7 @@ static R any_value(J *j, int depth) {
     TRY(obj_key(j));
     if (str_is(j, "stringValue")) {
         TRY(string(j));
-        TRY(put_len(j, 1, j->str, j->sn)); /* a oneof member is written even when empty */
+        TRY(put_len(j, 1, j->str.d, j->str.n)); /* a oneof member is written even when empty */
     } else if (str_is(j, "boolValue")) {
         int v;
         TRY(boolean(j, &v));
@@ -611,29 +592,10 @@ static R any_value(J *j, int depth) {
     return more ? FAIL : OK; /* two values in one AnyValue */
 }
 
-static R key_value(J *j, int depth) {
-    static const char *const keys[] = {"key", "value", NULL};
-    Fields f = {0};
-    size_t base = j->n;
-    int more;
-    TRY(obj_open(j, &more));
-    while (more) {
-        TRY(obj_key(j));
-        size_t start = j->n;
-        switch (key_index(j, keys, &f)) {
-        case 0: TRY(f_string(j, 1)); TRY(mark(&f, 1, start, j->n)); break;
-        case 1: TRY(one(j, 2, any_value, depth)); TRY(mark(&f, 2, start, j->n)); break;
-        default: return FAIL;
-        }
-        TRY(obj_next(j, &more));
-    }
-    return in_field_order(j, &f, base);
-}
-
 static R attributes(J *j, int field, int depth) { return repeated(j, field, key_value, depth); }
 
 /* One message of fixed fields: a key table and, per key, how its value is written. */
-enum { K_STR, K_U32, K_FIXED32, K_NANOS, K_ID, K_ATTRS, K_KIND, K_CODE, K_MSG, K_MSGS };
+enum { K_STR, K_U32, K_FIXED32, K_NANOS, K_ID, K_ATTRS, K_KIND, K_CODE, K_MSG, K_MSGS, K_ANY };
 typedef struct {
     const char *key;
     int field;
@@ -645,9 +607,10 @@ static const char *const span_kinds[] = {"SPAN_KIND_UNSPECIFIED", "SPAN_KIND_INT
                                          "SPAN_KIND_CLIENT", "SPAN_KIND_PRODUCER", "SPAN_KIND_CONSUMER"};
 static const char *const status_codes[] = {"STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR"};
 
-static R message(J *j, const Key *keys, int nkeys) {
+/* `depth` is the nesting of the AnyValue a K_ANY key holds (KeyValue); other messages are at 0. */
+static R message(J *j, const Key *keys, int nkeys, int depth) {
     Fields f = {0};
-    size_t base = j->n;
+    size_t base = j->out.n;
     int more;
     TRY(obj_open(j, &more));
     while (more) {
@@ -658,7 +621,7 @@ static R message(J *j, const Key *keys, int nkeys) {
         if (k < 0 || (f.seen & (1u << k))) return FAIL;
         f.seen |= 1u << k;
         const Key *key = &keys[k];
-        size_t start = j->n;
+        size_t start = j->out.n;
         switch (key->how) {
         case K_STR: TRY(f_string(j, key->field)); break;
         case K_U32: TRY(f_u32(j, key->field)); break;
@@ -670,9 +633,10 @@ static R message(J *j, const Key *keys, int nkeys) {
         case K_CODE: TRY(f_enum(j, key->field, status_codes, 3)); break;
         case K_MSG: TRY(one(j, key->field, key->fn, 0)); break;
         case K_MSGS: TRY(repeated(j, key->field, key->fn, 0)); break;
+        case K_ANY: TRY(one(j, key->field, any_value, depth)); break;
         default: return FAIL;
         }
-        TRY(mark(&f, key->field, start, j->n));
+        TRY(mark(&f, key->field, start, j->out.n));
         TRY(obj_next(j, &more));
     }
     return in_field_order(j, &f, base);
@@ -681,10 +645,10 @@ static R message(J *j, const Key *keys, int nkeys) {
 #define MESSAGE(name, ...)                                                 \
     static R name(J *j, int depth) {                                        \
         static const Key keys[] = {__VA_ARGS__};                            \
-        (void)depth;                                                        \
-        return message(j, keys, (int)(sizeof keys / sizeof keys[0]));       \
+        return message(j, keys, (int)(sizeof keys / sizeof keys[0]), depth); \
     }
 
+MESSAGE(key_value, {"key", 1, K_STR, NULL}, {"value", 2, K_ANY, NULL})
 MESSAGE(span_status, {"message", 2, K_STR, NULL}, {"code", 3, K_CODE, NULL})
 MESSAGE(span_event, {"timeUnixNano", 1, K_NANOS, NULL}, {"name", 2, K_STR, NULL}, {"attributes", 3, K_ATTRS, NULL},
         {"droppedAttributesCount", 4, K_U32, NULL})
@@ -731,9 +695,9 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
     r = transcode_all(&j);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&body);
-    PyObject *out = r == OK ? PyBytes_FromStringAndSize((const char *)j.out, (Py_ssize_t)j.n) : NULL;
-    free(j.out);
-    free(j.str);
+    PyObject *out = r == OK ? PyBytes_FromStringAndSize((const char *)j.out.d, (Py_ssize_t)j.out.n) : NULL;
+    free(j.out.d);
+    free(j.str.d);
     if (r == OK) return out;
     Py_RETURN_NONE;
 }

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_utf8.h"
+
 enum { T_STR = 0, T_I64 = 1, T_F64 = 2, T_BOOL = 3, T_OBJ = 4,                   /* column kinds */
        T_LSTR = 5, T_LI64 = 6, T_LF64 = 7 };                 /* list<string|int64|double> */
 enum { V_NONE = 0, V_STR, V_INT, V_DBL, V_BOOL, V_ARR };             /* attribute value kinds */
@@ -1893,16 +1895,7 @@ static int j_hex4(const uint8_t *p, const uint8_t *end, unsigned *v) {
 
 static void j_utf8(D *d, Buf *b, unsigned cp) {
     uint8_t o[4];
-    size_t n;
-    if (cp < 0x80) { o[0] = (uint8_t)cp; n = 1; }
-    else if (cp < 0x800) { o[0] = (uint8_t)(0xC0 | (cp >> 6)); o[1] = (uint8_t)(0x80 | (cp & 63)); n = 2; }
-    else if (cp < 0x10000) {
-        o[0] = (uint8_t)(0xE0 | (cp >> 12)); o[1] = (uint8_t)(0x80 | ((cp >> 6) & 63));
-        o[2] = (uint8_t)(0x80 | (cp & 63)); n = 3;
-    } else {
-        o[0] = (uint8_t)(0xF0 | (cp >> 18)); o[1] = (uint8_t)(0x80 | ((cp >> 12) & 63));
-        o[2] = (uint8_t)(0x80 | ((cp >> 6) & 63)); o[3] = (uint8_t)(0x80 | (cp & 63)); n = 4;
-    }
+    size_t n = utf8_encode(cp, o);
     put(d, b, o, n);
 }
 
