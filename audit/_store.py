@@ -64,13 +64,19 @@ class Store:
     :data:`QUERY_REFRESH_BUDGET_S`, and then ``refresh_interval_s`` after it (unpaced: a reader
     is waiting); it never waits minutes for a large store's rebuild, it reads the relations as
     last built and the paced background thread rebuilds them.
+
+    ``threads``: DuckDB's worker threads for this store (None: DuckDB's default, one per core).
+    A rebuild with every core takes them from the appends beside it; with fewer it runs longer
+    but ingest keeps the rest (the collector leaves half the cores to its own threads).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, refresh_interval_s: float = 0.0,
                  refresh_max_share: float = 1.0, background_refresh: bool = False,
-                 memory_limit: str | None = None) -> None:
+                 memory_limit: str | None = None, threads: int | None = None) -> None:
         if not 0 < refresh_max_share <= 1:
             raise StoreError(f"refresh_max_share must be in (0, 1], got {refresh_max_share!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise StoreError(f"threads must be a whole number >= 1, got {threads!r}")
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"folder {self.path.parent} does not exist")
@@ -93,6 +99,8 @@ class Store:
         self._last_refresh = 0.0
         self.last_refresh_s = 0.0
         _tune(self._con)
+        if threads is not None:
+            self._con.execute(f"set threads = {int(threads)}")
         if memory_limit is not None:
             # DuckDB's own default is 80 % of the machine; a collector sharing a host needs less.
             try:

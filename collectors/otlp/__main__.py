@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--refresh-max-share", type=float, default=None, metavar="F",
                    help="longest share of the time spent rebuilding the relations (default "
                         "0.25: a slow refresh is followed by a pause 3x as long)")
+    p.add_argument("--store-threads", type=int, default=None, metavar="N",
+                   help="DuckDB worker threads of the store (default half the cores, so a "
+                        "rebuild of the relations leaves the rest to ingest)")
     p.add_argument("--store-memory-limit", default=None, metavar="SIZE",
                    help="DuckDB memory limit of the store, e.g. 4GB (default 25%% of the "
                         "machine's memory)")
@@ -64,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["refresh_interval_s"] = a.refresh_interval
     if a.refresh_max_share is not None:
         overrides["refresh_max_share"] = a.refresh_max_share
+    if a.store_threads is not None:
+        overrides["store_threads"] = a.store_threads
     if a.store_memory_limit is not None:
         overrides["store_memory_limit"] = a.store_memory_limit
     delay_s = a.commit_delay_ms / 1000.0

@@ -140,6 +140,7 @@ class Collector:
             self._store_key = key
             store = Store(cfg.db_path, refresh_interval_s=cfg.refresh_interval_s,
                           refresh_max_share=cfg.refresh_max_share, background_refresh=True,
+                          threads=cfg.store_threads,
                           memory_limit=cfg.store_memory_limit)
         except BaseException as exc:
             sock.close()

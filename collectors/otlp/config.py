@@ -55,6 +55,11 @@ DEFAULT_REFRESH_MAX_SHARE: Final = 0.25
 """At most this share of the time goes to rebuilding the relations while rows arrive: a refresh
 of a large store (minutes at a million requests) is followed by a pause three times as long
 instead of the next refresh, so ingest keeps most of the machine (docs/operations.md)."""
+DEFAULT_STORE_THREADS: Final = max(1, (os.cpu_count() or 2) // 2)
+"""DuckDB worker threads of the store: half the cores, so the receiver's own threads keep the
+other half while the relations are rebuilt (with every core a rebuild took them from the
+appends: on 2 cores one thread gave ingest +13-21 % at the defaults, docs/performance.md,
+twelfth session; a rebuild alone then takes longer)."""
 DEFAULT_BODY_TIMEOUT_S: Final = 10.0
 """Longest an OTLP/HTTP request body may take to arrive once its headers are in; a slower
 sender (slow-loris) is answered 408 and disconnected, so it cannot hold the collector."""
@@ -106,6 +111,8 @@ class CollectorConfig:
     refresh_max_share: float = DEFAULT_REFRESH_MAX_SHARE
     """Longest share of the time spent rebuilding relations: the pause after a refresh is at
     least its duration × (1 − share) / share (``DEFAULT_REFRESH_MAX_SHARE``)."""
+    store_threads: int = DEFAULT_STORE_THREADS
+    """DuckDB worker threads of the store (``DEFAULT_STORE_THREADS``)."""
     store_memory_limit: str = DEFAULT_STORE_MEMORY_LIMIT
     """DuckDB memory limit of the store, e.g. ``"4GB"`` or ``"25%"`` (of the machine's memory);
     spills to disk beyond it where DuckDB can."""
@@ -170,6 +177,9 @@ class CollectorConfig:
                 and not isinstance(self.refresh_max_share, bool)
                 and 0 < self.refresh_max_share <= 1):
             raise ConfigError(f"refresh_max_share must be in (0, 1], got {self.refresh_max_share!r}")
+        if isinstance(self.store_threads, bool) or not isinstance(self.store_threads, int) \
+                or self.store_threads < 1:
+            raise ConfigError(f"store_threads must be a whole number >= 1, got {self.store_threads!r}")
         if not self.body_timeout_s > 0:
             raise ConfigError(f"body_timeout_s must be > 0, got {self.body_timeout_s!r}")
         for name in ("keep_prompts", "spool"):

@@ -215,6 +215,15 @@ def test_slow_refreshes_are_paced_to_their_share_of_the_time(store_path: Path) -
             Store(store_path, refresh_max_share=share)
 
 
+def test_threads_sets_duckdbs_workers_and_is_checked(store_path: Path) -> None:
+    store = Store(store_path, threads=1)
+    assert store._con.execute("select current_setting('threads')").fetchone() == (1,)
+    store.close()
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(StoreError, match="threads"):
+            Store(store_path, threads=bad)  # type: ignore[arg-type]
+
+
 def test_with_a_background_refresher_queries_never_wait_for_a_slow_refresh(
         store_path: Path) -> None:
     # as if the last rebuild had taken 30 s (a large store) or 5 s; no pacing, the interval is over

@@ -345,6 +345,12 @@ def test_health_and_metrics(collector: Collector) -> None:
     assert "routeaudit_collector_queue_spans 0.0" in text
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_store_runs_on_store_threads(tmp_path: Path, threads: int) -> None:
+    with Collector(make_config(tmp_path, store_threads=threads)) as c:
+        assert rows(c, "select current_setting('threads')") == [(threads,)]
+
+
 def test_background_refreshes_keep_to_their_share_of_the_time(tmp_path: Path) -> None:
     # Spans arrive every 50 ms and the refresh interval is 50 ms: unpaced, the relations would
     # be rebuilt back to back (~90 % of the time); paced at 0.2, each rebuild is followed by a
@@ -522,6 +528,8 @@ def test_default_config(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"queue_max_spans": 0}, "queue_max_spans"),
     ({"refresh_max_share": 0}, "refresh_max_share"),
     ({"refresh_max_share": 1.5}, "refresh_max_share"),
+    ({"store_threads": 0}, "store_threads"),
+    ({"store_threads": 1.5}, "store_threads"),
     ({"max_decompressed_bytes": 10}, "max_decompressed_bytes"),
     ({"token": "has space"}, "token"),
     ({"scrape_targets": ("ftp://x",)}, "scrape target"),
