@@ -247,7 +247,7 @@ def sender(transport: str, port: int, bodies: list[bytes], batch: int, idx: int,
         else:
             refused += 1
             time.sleep(0.2)
-    q.put((acked, refused))
+    q.put((acked, refused, time.process_time()))
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -257,6 +257,12 @@ def _rss(pid: int) -> tuple[int, int]:
             k, v = line.split(":")
             vals[k] = int(v.split()[0]) * 1024
     return vals.get("VmRSS", 0), vals.get("VmHWM", 0)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process, its threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
@@ -312,8 +318,10 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
             sample()
             time.sleep(0.5)
         results = [q.get() for _ in procs]
-        acked = sum(a for a, _ in results)
-        refused = sum(r for _, r in results)
+        acked = sum(a for a, _, _ in results)
+        refused = sum(r for _, r, _ in results)
+        # the load generator runs on the same cores: what it took from the collector
+        senders_cpu = sum(c for _, _, c in results)
         # Acknowledged is not yet committed with the spool: the rate counts until the store
         # holds every acknowledged span (the collector's spans_committed counter).
         committed = 0
@@ -328,6 +336,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
                 time.sleep(0.05)
         wall = time.perf_counter() - t0
         hwm = _rss(proc.pid)[1]
+        collector_cpu = _cpu_seconds(proc.pid)
         fallbacks = None
         try:
             for line in httpx.get(f"http://127.0.0.1:{http_port}/metrics", timeout=30).text.splitlines():
@@ -352,6 +361,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
         return {"transport": transport, "acked": acked, "refused_requests": refused,
                 "stored": stored, "wall_s": wall, "spans_per_s": acked / wall,
                 "peak_rss_mib": max(peak_rss, hwm) / 2**20, "native_fallbacks": fallbacks,
+                "senders_cpu_s": senders_cpu, "collector_cpu_s": collector_cpu,
                 "timeline": [(round(t), round(r / 2**20), c, n, rs) for t, r, c, n, rs in timeline]}
     finally:
         proc.terminate()
@@ -405,6 +415,9 @@ def main() -> None:
               f"stored {r['stored']:,} ({ok})  refused requests {r['refused_requests']}  "
               f"wall {r['wall_s']:.1f} s  collector peak RSS {r['peak_rss_mib']:.0f} MiB  "
               f"native-decoder fallbacks {r['native_fallbacks']}", flush=True)
+        print(f"  CPU: collector {r['collector_cpu_s'] / r['wall_s']:.2f} cores, the {args.senders} "
+              f"senders {r['senders_cpu_s'] / r['wall_s']:.2f} cores (same machine), of "
+              f"{os.cpu_count()}")
         print("  every 10 s: seconds, collector RSS MiB, spans committed, background refreshes "
               "(seconds in them):")
         for t, m, c, n, rs in r["timeline"]:
