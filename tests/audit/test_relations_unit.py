@@ -221,3 +221,24 @@ def test_a_probe_ancestor_never_anchors(make_store: Callable[..., Store]) -> Non
         "span_id": "bb".rjust(16, "0"), "span_role": "replica",
         "anchor_span_id": "bb".rjust(16, "0"), "anchor_role": "replica",
     }]
+
+
+def test_a_decisions_key_depends_on_it_alone(make_store: Callable[..., Store]) -> None:
+    """The candidate relations join on decision_key: a new decision (here one whose request key
+    sorts before every other) leaves the other decisions' keys as they were, so an incremental
+    refresh would not have to rewrite them (docs/incremental-refresh.md)."""
+    old = RawRows()
+    for n in (5, 6, 7):
+        one_request(old, n=n, base_ns=T0 + n * 2000 * MS)
+    store = make_store(old)
+    sql = "select request_key, decision_key from int_attr_decisions_resolved order by request_key"
+    before = query(store, sql)
+    assert before.height == 3 and before["decision_key"].n_unique() == 3
+    new = RawRows()
+    one_request(new, n=1, base_ns=T0)
+    spans, events = new.tables()
+    store.append(spans=spans, events=events)
+    after = query(store, sql)
+    assert after.height == 4 and after["decision_key"].n_unique() == 4
+    assert after["request_key"][0] < before["request_key"][0]  # the new one sorts first
+    assert after.slice(1).equals(before)

@@ -1,5 +1,5 @@
 -- int_attr_candidates_in_flight: the TRUE state of each candidate replica at its decision instant
--- (grain: decision_seq, the decision's number in int_attr_decisions_resolved, and replica),
+-- (grain: decision_key, the decision's key in int_attr_decisions_resolved, and replica),
 -- rebuilt from the executions in flight there: waiting and running counts, remaining tokens,
 -- queued prefill tokens and the time until the last of them has its first token (drain).
 -- Candidates with nothing in flight have no row. Its own relation, with no shared CTE: DuckDB
@@ -25,9 +25,9 @@ timed_ordered as (
             any_value(c.pending_total) as pending_total
         from int_attr_decisions_resolved as d
         inner join int_attr_candidates_resolved as c
-            on d.decision_seq = c.decision_seq
+            on d.decision_key = c.decision_key
         where d.is_final and c.evidence_source = 'recorded'
-        group by d.decision_seq, d.request_key
+        group by d.decision_key, d.request_key
     ) as o
         on e.request_key = o.request_key
 ),
@@ -38,7 +38,7 @@ candidate_instants as (
     -- rather than a hash join on replica comparing every pair; present_work re-checks the
     -- replica, so a hash collision cannot mix replicas
     select
-        c.decision_seq,
+        c.decision_key,
         c.request_key,
         c.replica,
         d.decided_at,
@@ -49,7 +49,7 @@ candidate_instants as (
         (cast(hash(c.replica) >> 2 as hugeint) << 64) + epoch_us(d.decided_at) as decided_key
     from int_attr_candidates_resolved as c
     inner join int_attr_decisions_resolved as d
-        on c.decision_seq = d.decision_seq
+        on c.decision_key = d.decision_key
 ),
 
 present_work as (
@@ -59,7 +59,7 @@ present_work as (
     -- different pending totals, the smaller came first; else, on the replica that ran this
     -- request, it came first when its prefill started first (FCFS); else it counts
     select
-        c.decision_seq,
+        c.decision_key,
         c.replica,
         c.decided_at,
         e.replica = c.replica as same_replica,
@@ -103,7 +103,7 @@ present_work as (
 
 final as (
     select
-        decision_seq,
+        decision_key,
         replica,
         count(*) filter (where same_replica and is_queued) as true_waiting,
         count(*) filter (where same_replica and not is_queued) as true_running,

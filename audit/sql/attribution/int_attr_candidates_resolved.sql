@@ -1,5 +1,5 @@
 -- int_attr_candidates_resolved: one row per candidate replica per decision (grain: request_key,
--- attempt, decision_span_id, replica; decision_seq stands for the decision): what the router
+-- attempt, decision_span_id, replica; decision_key stands for the decision): what the router
 -- recorded about the candidate or, for a decision recorded without candidates, every replica of
 -- its run as the last /metrics scrape before the decision showed it (evidence_source says which).
 -- pending_total: the sum of the recorded candidates' pending counts of the decision; a router
@@ -21,7 +21,7 @@ timed as (
 
 candidates_recorded as (
     select
-        d.decision_seq,
+        d.decision_key,
         d.request_key,
         d.attempt,
         d.decision_span_id,
@@ -77,7 +77,7 @@ scrapes as (
 
 reconstructed_pairs as (
     select
-        d.decision_seq,
+        d.decision_key,
         d.request_key,
         d.attempt,
         d.decision_span_id,
@@ -89,7 +89,7 @@ reconstructed_pairs as (
         on d.run_id is not distinct from x.run_id
     union
     select
-        d.decision_seq,
+        d.decision_key,
         d.request_key,
         d.attempt,
         d.decision_span_id,
@@ -102,7 +102,7 @@ reconstructed_pairs as (
 
 candidates_reconstructed as (
     select
-        p.decision_seq,
+        p.decision_key,
         p.request_key,
         p.attempt,
         p.decision_span_id,
@@ -139,7 +139,7 @@ final as (
     select
         *,
         sum(seen_pending) filter (where evidence_source = 'recorded') over (
-            partition by decision_seq
+            partition by decision_key
         ) as pending_total
     from candidates_resolved
 )

@@ -87,9 +87,9 @@ candidates_with_state as (
         greatest(coalesce(s.drain_ms, 0.0) - d.forward_delay_ms, 0.0) as wait_est_ms
     from candidates_resolved as c
     inner join decisions_resolved as d
-        on c.decision_seq = d.decision_seq
+        on c.decision_key = d.decision_key
     left join true_state_aggregated as s
-        on c.decision_seq = s.decision_seq
+        on c.decision_key = s.decision_key
         and c.replica = s.replica
     left join observed_replicas as o
         on c.replica = o.replica
@@ -99,7 +99,7 @@ candidates_with_state as (
 
 chosen_telemetry as (
     select
-        c.decision_seq,
+        c.decision_key,
         d.request_id,
         d.request_key,
         d.attempt,
@@ -111,7 +111,7 @@ chosen_telemetry as (
         coalesce(c.seen_pending, 0) as seen_pending
     from candidates_resolved as c
     inner join decisions_resolved as d
-        on c.decision_seq = d.decision_seq
+        on c.decision_key = d.decision_key
     where c.chosen and c.telemetry_ts is not null
 ),
 
@@ -144,7 +144,7 @@ herding_members as (
 preemptions_nearby as (
     -- other requests on the chosen replica preempted while this one waited
     select
-        d.decision_seq,
+        d.decision_key,
         sum(e.preemptions) as preemptions_nearby
     from decisions_resolved as d
     inner join timed as e
@@ -161,24 +161,24 @@ cache_shortfalls as (
     -- (or reported none): the only ones the prefix evidence below can change, as the ideal
     -- placement's cache and the eviction cause both start from such a shortfall. Restricting
     -- the block lookup to them keeps it a fraction of all prefix blocks.
-    select c.decision_seq
+    select c.decision_key
     from candidates_resolved as c
     inner join decisions_resolved as d
-        on c.decision_seq = d.decision_seq
-    group by c.decision_seq
+        on c.decision_key = d.decision_key
+    group by c.decision_key
     having max(c.predicted_cached_tokens) > coalesce(any_value(d.exec_cached_tokens), 0)
 ),
 
 decision_blocks as (
     select
-        d.decision_seq,
+        d.decision_key,
         d.chosen_replica,
         coalesce(d.exec_prefill_start_at, d.decided_at) as needed_at,
         len(p.prefix_hashes) as n_blocks,
         unnest(p.prefix_hashes) as block_hash
     from decisions_resolved as d
     semi join cache_shortfalls as f
-        on d.decision_seq = f.decision_seq
+        on d.decision_key = f.decision_key
     inner join decision_prefixes as p
         on d.request_key = p.request_key
         and d.decision_span_id = p.decision_span_id
@@ -242,7 +242,7 @@ prefix_served as (
     -- the blocks found form a prefix and their count is the longest shared prefix. Looking back
     -- at most 300 s (which keeps the search linear in the number of requests).
     select
-        decision_seq,
+        decision_key,
         max(served_at) as prefix_last_served_at,
         count(served_at) as prefix_shared_blocks,
         count(served_at) / any_value(n_blocks) as prefix_shared_frac
@@ -266,31 +266,31 @@ decisions_evidenced as (
         s.prefix_shared_frac
     from decisions_resolved as d
     left join herding_members as h
-        on d.decision_seq = h.decision_seq
+        on d.decision_key = h.decision_key
     left join preemptions_nearby as n
-        on d.decision_seq = n.decision_seq
+        on d.decision_key = n.decision_key
     left join decision_prefixes as p
         on d.request_key = p.request_key
         and d.decision_span_id = p.decision_span_id
     left join prefix_served as s
-        on d.decision_seq = s.decision_seq
+        on d.decision_key = s.decision_key
 ),
 
 final as (
     select
         r.request_key,
         d.* exclude (
-            decision_seq, request_key, request_id, run_id, router_id, policy, chosen_replica
+            decision_key, request_key, request_id, run_id, router_id, policy, chosen_replica
         ),
         d.router_id as decision_router_id,
         d.policy as decision_policy,
         d.chosen_replica as decision_replica,
-        c.* exclude (decision_seq, request_key, attempt, decision_span_id)
+        c.* exclude (decision_key, request_key, attempt, decision_span_id)
     from all_requests as r
     left join decisions_evidenced as d
         on r.request_key = d.request_key
     left join candidates_with_state as c
-        on d.decision_seq = c.decision_seq
+        on d.decision_key = c.decision_key
 )
 
 select * from final

@@ -1,9 +1,9 @@
 -- int_attr_decisions_resolved: one row per routing decision (grain: request_key, attempt,
 -- decision span) with its run, whether it is the request's final attempt, and the execution it
 -- led to: the request's first execution on the chosen replica that started after the decision
--- (1 s of clock tolerance), else its first at all. decision_seq numbers the rows: a key of one
--- integer that the candidate relations join on instead of the three columns of the grain (two
--- of them nullable, so compared with `is not distinct from`). A table, read many times by
+-- (1 s of clock tolerance), else its first at all. decision_key is a key of one integer, a
+-- hash of the grain, that the candidate relations join on instead of the three columns of the
+-- grain (two of them nullable, so compared with `is not distinct from`). A table, read many times by
 -- int_attr_candidates_resolved and int_attr_candidates_state; DuckDB plans the in-flight range
 -- join there as a linear IEJoin only when its inputs are table scans, not shared CTEs.
 with
@@ -67,12 +67,15 @@ decisions_matched_executions as (
 
 final as (
     select
-        -- ordered by the grain, so that the numbers do not depend on the plan: read as a view
-        -- (a read-only reader of a store from another version installs the relations as
-        -- views) every reference must number the decisions alike
-        row_number() over (
-            order by d.request_key, d.attempt, d.span_id
-        ) as decision_seq,
+        -- computed from the row alone (128 bits: collisions negligible), so that every
+        -- reference of the relation as a view gives the same keys (a read-only reader of a
+        -- store from another version installs the relations as views) and a new decision
+        -- leaves the others' keys alone (docs/incremental-refresh.md); numbering the rows
+        -- over the whole table cost as much (a sort of every decision)
+        md5_number(
+            d.request_key || '|' || coalesce(cast(d.attempt as varchar), '') || '|'
+            || coalesce(d.span_id, '')
+        ) as decision_key,
         d.request_key,
         d.request_id,
         d.attempt,
