@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             everything.write_parquet(args.dump)
         # goal check on the focus causes, per scenario
         misses = []
-        for scenario, df in zip(scenarios, frames):
+        for scenario, df in zip(scenarios, frames, strict=True):
             for r in scores(df).iter_rows(named=True):
                 if r["cause"] not in FOCUS:
                     continue

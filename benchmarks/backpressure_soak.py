@@ -12,7 +12,8 @@
 Rate: each sender exports batches of ``--batch`` spans back to back (no pacing), so offered load
 is whatever the SDK can produce; the collector commits at most ``--max-group-spans`` spans per
 ``--commit-delay-ms`` (a deliberately slow store, about 730 spans/s by default), and
-``--queue-max-spans`` is small, so the queue fills and 429s happen. The summary prints offered vs committed spans/s so the overload ratio is visible.
+``--queue-max-spans`` is small, so the queue fills and 429s happen. The summary prints offered vs
+committed spans/s so the overload ratio is visible.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
     out["chosen_est_ttft_ms"] = routed
     tl = rec.d_true_load
     stale_saving = max(0.0, routed - est_ttft[tl]) if (tl is not None and tl != c) else 0.0
-    if stale_saving >= margin:
+    if tl is not None and stale_saving >= margin:
         cause_ms["stale_telemetry"] = stale_saving
         cause_ms["misrouting"] = max(0.0, est_ttft[tl] - est_ttft[best])
     else:
@@ -185,7 +185,10 @@ def ground_truth_row(rec: Record, sim: Simulation) -> dict[str, Any]:
             "est_queue_ms": v.est_queue_ms, "est_prefill_ms": v.est_prefill_ms,
             "score": (ch.scores[v.index] if ch is not None and ch.scores else None),
         })
-    rid = lambda i: None if i is None else reps[i].id  # noqa: E731
+
+    def rid(i: int | None) -> str | None:
+        return None if i is None else reps[i].id
+
     cm = lab.get("cause_ms", {})
     row: dict[str, Any] = {
         "run_id": sim.run_id,

@@ -9,14 +9,16 @@ the same shape a live fleet would send.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from audit import semconv as sc
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     from .emit import RequestTrace
 
@@ -31,20 +33,29 @@ _FLUSH_EVERY = 1000
 """Requests emitted between two flushes: the simulator waits for the exporter (backpressure)."""
 
 
-class _Unclosable:
-    """The one exporter every provider shares: providers may flush it, only the emitter closes it."""
+@functools.cache
+def _unclosable_type() -> Callable[[SpanExporter], SpanExporter]:
+    """The ``_Unclosable`` exporter class, defined on first use so that importing this module
+    does not import the OpenTelemetry SDK."""
+    from opentelemetry.sdk.trace.export import SpanExporter
 
-    def __init__(self, exporter: SpanExporter) -> None:
-        self._exporter = exporter
+    class _Unclosable(SpanExporter):
+        """The one exporter every provider shares: providers may flush it, only the emitter
+        closes it."""
 
-    def export(self, spans: Any) -> Any:
-        return self._exporter.export(spans)
+        def __init__(self, exporter: SpanExporter) -> None:
+            self._exporter = exporter
 
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return bool(self._exporter.force_flush(timeout_millis))
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return self._exporter.export(spans)
 
-    def shutdown(self) -> None:
-        pass
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            return bool(self._exporter.force_flush(timeout_millis))
+
+        def shutdown(self) -> None:
+            pass
+
+    return _Unclosable
 
 
 class OTelEmitter:
@@ -84,7 +95,7 @@ class OTelEmitter:
             elif component == "router":
                 attrs[sc.ROUTER_ID] = instance
             tp = TracerProvider(resource=Resource.create(attrs))
-            shared = _Unclosable(self.exporter)
+            shared = _unclosable_type()(self.exporter)
             # Virtual time emits far faster than real time: a queue that overflows drops spans
             # silently, so the queue is large and emit() drains it every FLUSH_EVERY requests.
             proc = (BatchSpanProcessor(shared, max_queue_size=_QUEUE_SPANS,

@@ -313,7 +313,7 @@ class Replica:
                 if sum(needs) <= pool.available():
                     pool.allocate(sum(needs))
                     ctx = 0
-                    for s, n in zip(running, needs):
+                    for s, n in zip(running, needs, strict=True):
                         s.own += n
                         ctx += s.req.input_tokens + s.generated
                     dt = self._step_s(len(running), ctx, ())

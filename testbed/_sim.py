@@ -223,12 +223,12 @@ class Simulation:
             rec.d_oracle = rec.d_true_load
         cost = self.cfg.cost
         est = []
-        for i, r in enumerate(self.replicas):
-            c = true_cached[i]
+        for k, r in enumerate(self.replicas):
+            c = true_cached[k]
             est.append(
                 cost.estimate_ms(
-                    backlog_prefill_tokens=true_snaps[i].remaining_prefill_tokens,
-                    n_running=true_snaps[i].running,
+                    backlog_prefill_tokens=true_snaps[k].remaining_prefill_tokens,
+                    n_running=true_snaps[k].running,
                     uncached_tokens=req.input_tokens - c,
                     cached_tokens=c,
                     max_batched_tokens=r.cfg.max_batched_tokens,

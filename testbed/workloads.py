@@ -148,7 +148,8 @@ def load_azure(path: str | None = None, *, kind: str = "conv", max_tokens: int =
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None or [h.strip() for h in header] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
-            raise WorkloadError(f"expected header TIMESTAMP,ContextTokens,GeneratedTokens, got {header}", path=path, line=1)
+            raise WorkloadError(f"expected header TIMESTAMP,ContextTokens,GeneratedTokens, got {header}",
+                                path=path, line=1)
         for row in reader:
             line_no = reader.line_num
             if not row:
@@ -164,13 +165,15 @@ def load_azure(path: str | None = None, *, kind: str = "conv", max_tokens: int =
             try:
                 inp, out = int(row[1]), int(row[2])
             except ValueError:
-                raise WorkloadError(f"token counts must be integers, got {row[1:]!r}", path=path, line=line_no) from None
+                raise WorkloadError(f"token counts must be integers, got {row[1:]!r}",
+                                    path=path, line=line_no) from None
             if inp < 1 or out < 0:
                 raise WorkloadError(f"token counts out of range: {inp}, {out}", path=path, line=line_no)
             n = math.ceil(inp / block_tokens)
             o, mt = _cap(out, max_tokens)
             rid = f"az{kind}-{line_no - 2}"
-            reqs.append(Request(rid, ts, inp, o, mt, chain_keys(list(range(n)), salt=zlib.crc32(rid.encode())), block_tokens))
+            keys = chain_keys(list(range(n)), salt=zlib.crc32(rid.encode()))
+            reqs.append(Request(rid, ts, inp, o, mt, keys, block_tokens))
     return _finish(subsample(reqs, limit=limit, fraction=fraction, rng=rng), time_scale)
 
 
@@ -317,7 +320,8 @@ def _mooncake(n: int | None, rng: random.Random) -> list[Request]:
 WORKLOADS: dict[str, tuple[str, WorkloadFactory]] = {
     "mooncake": ("Mooncake conversation trace (Kimi, 1 h, 12,031 requests, 512-token prefix blocks)", _mooncake),
     "azure_code": ("Azure LLM 2023 code trace (no prefix info)", lambda n, rng: load_azure(kind="code", limit=n)),
-    "azure_conv": ("Azure LLM 2023 conversation trace (no prefix info)", lambda n, rng: load_azure(kind="conv", limit=n)),
+    "azure_conv": ("Azure LLM 2023 conversation trace (no prefix info)",
+                   lambda n, rng: load_azure(kind="conv", limit=n)),
     "aibrix": ("AIBrix synthetic prefix-share workload with prompt text", lambda n, rng: load_aibrix(limit=n)),
     "uniform_short": ("synthetic: uniform short requests", lambda n, rng: uniform_short(n or 2000, rng)),
     "short_long_mix": ("synthetic: 128 vs 8192-token prompts", lambda n, rng: short_long_mix(n or 2000, rng)),

@@ -207,7 +207,7 @@ class LiveRouter:
         for k, v in sorted(self.counts.items()):
             lines.append(f'routeaudit_router_requests_total{{outcome="{k}",router="{self.router_id}"}} {float(v)!r}\n')
         lines.append("# TYPE routeaudit_router_replica_healthy gauge\n")
-        for rid, ok in zip(self.ids, self.healthy):
+        for rid, ok in zip(self.ids, self.healthy, strict=True):
             lines.append(f'routeaudit_router_replica_healthy{{replica="{rid}"}} {1.0 if ok else 0.0}\n')
         return PlainTextResponse("".join(lines), media_type="text/plain; version=0.0.4")
 

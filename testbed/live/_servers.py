@@ -334,7 +334,7 @@ def serve_router(
     try:
         srv.start()
         print(srv.url, flush=True)
-        down = [rid for rid, ok in zip(r.ids, r.healthy) if not ok]
+        down = [rid for rid, ok in zip(r.ids, r.healthy, strict=True) if not ok]
         if down:
             print(f"warning: no telemetry yet from {', '.join(down)}", file=sys.stderr, flush=True)
         _block(stop_event, [srv])

@@ -90,7 +90,9 @@ def register_policy(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
     return deco
 
 
-def make_policy(name: str, cfg: RouterConfig | None = None, cost: CostModel | None = None, max_batched_tokens: int = 8192) -> Policy:
+def make_policy(
+    name: str, cfg: RouterConfig | None = None, cost: CostModel | None = None, max_batched_tokens: int = 8192
+) -> Policy:
     try:
         factory = POLICIES[name]
     except KeyError:
