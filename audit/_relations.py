@@ -198,9 +198,11 @@ it the live views answer in well under a second and a cache would only slow ever
 
 def refresh(con: duckdb.DuckDBPyConnection,
             on_built: Callable[[Relation, str, float], None] | None = None,
-            cache_defaults: bool | None = None) -> None:
+            cache_defaults: bool | None = None) -> int:
     """Rebuild every relation in one transaction: tables for the plain ones, views for the
-    parametrised ones. Readers see the old or the new set, never a mix.
+    parametrised ones. Readers see the old or the new set, never a mix. Returns the number of
+    ``raw_spans`` rows the rebuilt relations read (the transaction's snapshot: spans committed
+    meanwhile are not in them).
 
     The public parametrised relations (``attributions``, ``slow_requests``...) are also
     materialised at the default SLO and thresholds, the values a collector's readers use unless
@@ -213,9 +215,6 @@ def refresh(con: duckdb.DuckDBPyConnection,
     """
     rels = load_relations()
     as_views = views(rels)
-    if cache_defaults is None:
-        cache_defaults = con.sql("select count(*) from raw_spans").fetchall()[0][0] >= CACHE_MIN_SPANS
-    to_cache = set(cached(rels)) if cache_defaults else set()
     defaults = variable_defaults(rels)
     reads = variables_read(rels)
 
@@ -225,6 +224,10 @@ def refresh(con: duckdb.DuckDBPyConnection,
             for var in sorted(reads[name])) or "true"
     con.execute("begin transaction")
     try:
+        spans = int(con.sql("select count(*) from raw_spans").fetchall()[0][0])
+        if cache_defaults is None:
+            cache_defaults = spans >= CACHE_MIN_SPANS
+        to_cache = set(cached(rels)) if cache_defaults else set()
         for rel in rels:
             started = time.perf_counter()
             kind = "view" if rel.name in as_views else "table"
@@ -253,6 +256,7 @@ def refresh(con: duckdb.DuckDBPyConnection,
     except BaseException:
         con.execute("rollback")
         raise
+    return spans
 
 
 def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:

@@ -137,11 +137,12 @@ class Store:
             self._dirty = False
             cur = self._con.cursor()
             try:
-                _relations.refresh(cur)
+                spans = _relations.refresh(cur)
+                # what the rebuilt relations hold, for audit.queries.relations_freshness
                 cur.execute(
                     "insert or replace into routeaudit_meta values ('relations_version', ?), "
-                    "('refreshed_ns', ?)",
-                    [_relations.relations_version(), str(time.time_ns())],
+                    "('refreshed_ns', ?), ('relations_spans', ?)",
+                    [_relations.relations_version(), str(time.time_ns()), str(spans)],
                 )
             except BaseException as exc:
                 self._dirty = True

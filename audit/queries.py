@@ -64,6 +64,7 @@ __all__ = [
     "compare_runs",
     "run_failures",
     "run_sql",
+    "relations_freshness",
 ]
 
 
@@ -838,6 +839,30 @@ def herding_episodes(reader: Reads, limit: int | None = None) -> pl.DataFrame:
         "select *, count(*) over () as episodes_total from herding_episodes "
         "order by decisions desc, started_at, episode_id limit ?",
         [TABLE_LIMIT if limit is None else int(limit)])
+
+
+# --------------------------------------------------------------------------------------------
+# The store itself
+# --------------------------------------------------------------------------------------------
+def relations_freshness(reader: Reads) -> pl.DataFrame:
+    """How current the relations are, in one row: ``refreshed_at`` (their last rebuild),
+    ``spans_in_relations`` (the ``raw_spans`` rows it read), ``spans_stored`` (the rows now)
+    and ``spans_pending`` (stored and queryable in ``raw_spans``, not yet in the marts and the
+    attribution relations). Under sustained ingest a large store's rebuild runs minutes behind
+    (docs/architecture.md, "Freshness"). Nulls where the store cannot say: no rebuild yet, or
+    one by a version that did not count. Reads no relation, so it never waits for a rebuild."""
+    return reader.query(
+        "select *, spans_stored - spans_in_relations as spans_pending\n"
+        "from (\n"
+        "    select\n"
+        "        to_timestamp(try_cast(max(value) filter (where key = 'refreshed_ns') as bigint)\n"
+        "                     / 1e9) as refreshed_at,\n"
+        "        try_cast(max(value) filter (where key = 'relations_spans') as bigint)\n"
+        "            as spans_in_relations,\n"
+        "        (select count(*) from raw_spans) as spans_stored\n"
+        "    from routeaudit_meta\n"
+        ") as meta"
+    )
 
 
 # --------------------------------------------------------------------------------------------

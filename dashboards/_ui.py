@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -125,6 +126,34 @@ def slo() -> dict[str, float]:
 
 def empty(df: pl.DataFrame | None) -> bool:
     return df is None or df.height == 0
+
+
+def freshness_note() -> str | None:
+    """A line for the sidebar when the relations lag the raw tables: spans stored since their
+    last rebuild, and how long ago that was (docs/architecture.md, "Freshness"). None when they
+    are current or the store cannot say; never an error on the page (the sidebar is on every
+    page, and a store too old to count is not the person's problem)."""
+    path = store_path()
+    if not path.exists():
+        return None  # the page explains
+    try:
+        r = _open(str(path))
+        row = _cached(str(r.path), r.version(), "relations_freshness", (), ())
+    except Exception:  # noqa: BLE001
+        _log.debug("relations_freshness failed", exc_info=True)
+        return None
+    if row is None or row.height != 1:
+        return None
+    fresh = row.row(0, named=True)
+    pending, at = fresh["spans_pending"], fresh["refreshed_at"]
+    if not pending or pending <= 0 or at is None:
+        return None
+    age_s = max(0.0, (datetime.now(UTC) - at).total_seconds())
+    age = (f"{age_s:.0f} s" if age_s < 90 else f"{age_s / 60:.0f} min" if age_s < 5400
+           else f"{age_s / 3600:.1f} h")
+    spans = f"{pending:,} span{'s' if pending != 1 else ''} stored since {'are' if pending != 1 else 'is'}"
+    return (f"Relations rebuilt {age} ago: {spans} not in these pages yet (the raw tables, on the "
+            "SQL page, have them).")
 
 
 def fmt_ms(v: float | None) -> str:

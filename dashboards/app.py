@@ -42,6 +42,8 @@ page = st.navigation(pages)
 
 with st.sidebar:
     st.caption(f"Store: `{_ui.store_path()}`")
+    if (behind := _ui.freshness_note()) is not None:
+        st.warning(behind)
     st.subheader("SLO targets")
     st.number_input("TTFT target (ms)", min_value=1.0, value=DEFAULT_TTFT_SLO_MS, step=100.0,
                     key="slo_ttft_ms")

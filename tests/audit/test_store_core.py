@@ -396,3 +396,44 @@ def test_a_store_that_cannot_be_rebuilt_is_read_through_relations_of_its_own(
     assert con.sql("select value from routeaudit_meta where key = 'relations_version'").fetchall() == [("older",)]
     assert con.sql("select count(*) from requests").fetchall() == [(0,)]  # the store's own, untouched
     con.close()
+
+
+def test_freshness_counts_the_spans_the_relations_lack(store_path: Path) -> None:
+    """A live collector's relations lag its raw tables between rebuilds: the spans committed
+    since (here written past the store, as the writer does while no rebuild runs) are counted,
+    and a rebuild takes them in."""
+    from audit import queries
+
+    store = Store(store_path)
+    store.append(_spans("0000000000000001", "0000000000000002"))
+    store.close()  # a writer's close rebuilds
+    fresh = queries.relations_freshness(audit.open(store_path)).row(0, named=True)
+    assert (fresh["spans_in_relations"], fresh["spans_stored"], fresh["spans_pending"]) == (2, 2, 0)
+    rebuilt_at = fresh["refreshed_at"]
+    assert abs(time.time() - rebuilt_at.timestamp()) < 600
+
+    con = duckdb.connect(str(store_path))
+    con.register("late", _spans("0000000000000003", "0000000000000004", "0000000000000005"))
+    con.execute("insert into raw_spans by name select * from late")
+    con.close()
+    fresh = queries.relations_freshness(audit.open(store_path)).row(0, named=True)
+    assert (fresh["spans_in_relations"], fresh["spans_stored"], fresh["spans_pending"]) == (2, 5, 3)
+    assert fresh["refreshed_at"] == rebuilt_at
+
+    store = Store(store_path)
+    store.refresh()
+    store.close()
+    fresh = queries.relations_freshness(audit.open(store_path)).row(0, named=True)
+    assert (fresh["spans_in_relations"], fresh["spans_pending"]) == (5, 0)
+    assert fresh["refreshed_at"] > rebuilt_at
+
+
+def test_freshness_is_unknown_for_relations_that_did_not_count(store_path: Path) -> None:
+    from audit import queries
+
+    Store(store_path).close()
+    con = duckdb.connect(str(store_path))
+    con.execute("delete from routeaudit_meta where key = 'relations_spans'")  # an older version's
+    con.close()
+    fresh = queries.relations_freshness(audit.open(store_path)).row(0, named=True)
+    assert fresh["spans_stored"] == 0 and fresh["spans_pending"] is None

@@ -386,6 +386,23 @@ def test_background_refreshes_keep_to_their_share_of_the_time(tmp_path: Path) ->
         assert h["refresh_error"] is None
 
 
+def test_readers_see_how_far_the_relations_lag(tmp_path: Path) -> None:
+    """Through the collector, as the dashboard reads: spans committed since the last rebuild
+    are counted without waiting for one, and a query of the relations takes them in."""
+    import audit
+    from audit import queries
+
+    with Collector(make_config(tmp_path, refresh_interval_s=3600)) as c:
+        assert post(c, make_request(3, seed=31).SerializeToString()).status_code == 200
+        reader = audit.open(c.config.db_path)
+        fresh = queries.relations_freshness(reader).row(0, named=True)
+        assert (fresh["spans_stored"], fresh["spans_pending"]) == (3, 3)
+        assert c.metrics.value("background_refreshes") == 0
+        reader.query("select count(*) from requests")  # a quick store refreshes first
+        fresh = queries.relations_freshness(reader).row(0, named=True)
+        assert (fresh["spans_in_relations"], fresh["spans_pending"]) == (3, 0)
+
+
 def test_a_failing_background_refresh_backs_off_and_ingest_goes_on(tmp_path: Path) -> None:
     with Collector(make_config(tmp_path, refresh_interval_s=0.05)) as c:
         assert c._store is not None

@@ -7,6 +7,8 @@ Numbers the pages show are checked against SQL written here, independently of
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -422,6 +424,26 @@ def test_page_on_raw_spans(monkeypatch: pytest.MonkeyPatch, raw_db: Path, raw_re
         spans = next(f for f in frames if "parent_span_id" in f.columns)
         attrs = [json.loads(a) for a in spans["attributes"]]
         assert attrs and all(a.get("routeaudit.request.id") == "req-0003" for a in attrs)
+
+
+def test_sidebar_says_when_the_relations_lag(monkeypatch: pytest.MonkeyPatch, raw_db: Path,
+                                              tmp_path: Path) -> None:
+    """Spans a live collector committed since its last rebuild are in the raw tables, not yet
+    in the pages: the sidebar says how many, on every page; a current store says nothing."""
+    at = open_page(monkeypatch, raw_db, "overview")
+    assert not at.sidebar.warning
+    lagging = tmp_path / "lagging.duckdb"
+    shutil.copyfile(raw_db, lagging)
+    con = duckdb.connect(str(lagging))
+    con.execute("insert into raw_spans select * replace (span_id || 'x' as span_id) from raw_spans "
+                "where a_component = 'client'")  # as the writer does between two rebuilds
+    con.close()
+    for page in ("overview", "cache"):
+        at = open_page(monkeypatch, lagging, page)
+        notes = [w.value for w in at.sidebar.warning]
+        assert len(notes) == 1 and "12 spans stored since are not in these pages" in notes[0], notes
+        assert re.search(r"Relations rebuilt \d+ (s|min) ago", notes[0]), notes
+    assert metric(open_page(monkeypatch, lagging, "overview"), "Requests") == "12"
 
 
 # --------------------------------------------------------------------------------------------
