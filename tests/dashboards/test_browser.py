@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import httpx
 import pytest
 from _stores import mart_store
@@ -53,6 +54,15 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = mart_store(tmp_path_factory.mktemp("browser") / "audit.duckdb", n=400)
+    # relations rebuilt two minutes ago over no spans, and a span stored since: the sidebar's
+    # note that the pages lag the raw tables shows on every page
+    con = duckdb.connect(str(db))
+    con.execute("insert into routeaudit_meta values ('refreshed_ns', ?), ('relations_spans', '0')",
+                [str(time.time_ns() - 120 * 10**9)])
+    con.execute("insert into raw_spans (trace_id, span_id, name, kind, start_ns, end_ns, "
+                "status_code, received_ns, event_count) values "
+                "(repeat('a', 32), repeat('b', 16), 's', 'internal', 1, 2, 'unset', 3, 0)")
+    con.close()
     port = _free_port()
     env = {**os.environ, "ROUTEAUDIT_DB": str(db)}
     env.pop("ROUTEAUDIT_DASHBOARD_TOKEN", None)
@@ -112,6 +122,8 @@ def test_every_page_renders_in_chromium(server: str) -> None:
                 body = page.inner_text("body")
                 assert "Traceback" not in body, (path, body[:2000])
                 assert "Page not found" not in body, path
+                assert "1 span stored since is not in these pages yet" in page.inner_text(
+                    "[data-testid='stSidebar']"), path
                 assert page.locator("[data-testid='stException']").count() == 0, path
                 errors = page.locator("[data-testid='stAlertContentError']")
                 assert errors.count() == 0, (path, errors.all_inner_texts())
