@@ -117,6 +117,11 @@ class Store:
         self._con.execute(
             "create table if not exists routeaudit_meta (key varchar primary key, value varchar)"
         )
+        self._spans_stored = int(self._con.execute("select count(*) from raw_spans").fetchall()[0][0])
+        counted = self._con.execute(
+            "select try_cast(value as bigint) from routeaudit_meta where key = 'relations_spans'"
+        ).fetchall()
+        self._spans_in_relations: int | None = counted[0][0] if counted else None
         if not _views_current(self._con):
             # Relations are rebuilt when the SQL changed since this store was last refreshed.
             self.refresh()
@@ -124,6 +129,15 @@ class Store:
         # From here on no query on this database may read or write files other than the store.
         self._con.execute("set enable_external_access = false")
         self._con.execute("set lock_configuration = true")
+
+    @property
+    def relations_lag_spans(self) -> int | None:
+        """Spans stored that the relations do not hold yet (stored since the rebuild that built
+        them began); None when the relations were built by a version that did not count."""
+        if self._spans_in_relations is None:
+            return None
+        # a rebuild may read a commit a moment before append() counts it
+        return max(0, self._spans_stored - self._spans_in_relations)
 
     @property
     def dirty(self) -> bool:
@@ -137,7 +151,7 @@ class Store:
             self._dirty = False
             cur = self._con.cursor()
             try:
-                spans = _relations.refresh(cur)
+                spans = self._spans_in_relations = _relations.refresh(cur)
                 # what the rebuilt relations hold, for audit.queries.relations_freshness
                 cur.execute(
                     "insert or replace into routeaudit_meta values ('relations_version', ?), "
@@ -228,6 +242,7 @@ class Store:
             except BaseException:
                 con.execute("rollback")
                 raise
+            self._spans_stored += int(new)
             if new or (events is not None and events.num_rows) or (
                     snapshots is not None and snapshots.num_rows):
                 self._dirty = True

@@ -150,6 +150,8 @@ class Collector:
                 raise StartError(f"cannot open store {cfg.db_path}: {one_line(exc)}") from exc
             raise
         self._store = store
+        self.metrics.bind_relations_lag(
+            lambda: float("nan") if (lag := store.relations_lag_spans) is None else lag)
         self._spool = self._open_spool(cfg, store)
         self._writer = Writer(store, self.metrics, queue_max_spans=cfg.queue_max_spans,
                               max_group_batches=cfg.max_group_batches,
@@ -292,6 +294,9 @@ class Collector:
             "refresh_gap_ms": (round(self._store.refresh_gap_s * 1000, 1)
                                if self._store is not None else None),
             "refresh_error": self._store.last_refresh_error if self._store is not None else None,
+            # spans stored but not yet in the relations (null: the store cannot tell)
+            "relations_lag_spans": (self._store.relations_lag_spans
+                                    if self._store is not None else None),
             "counters": self.metrics.snapshot(),
         }
 

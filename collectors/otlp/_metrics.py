@@ -95,6 +95,12 @@ class Metrics:
             "routeaudit_collector_queue_spans", "Spans (and snapshot rows) waiting for the writer",
             registry=self.registry,
         )
+        self._relations_lag = Gauge(
+            "routeaudit_collector_relations_lag_spans",
+            "Spans stored but not yet in the relations (marts, attributions), which are rebuilt "
+            "in the background; NaN when the store cannot tell",
+            registry=self.registry,
+        )
         self.last_write_s: float | None = None
         self.last_refresh_s: float | None = None
         self.last_commit_ns: int | None = None
@@ -126,6 +132,9 @@ class Metrics:
 
     def bind_queue_depth(self, fn: Callable[[], float]) -> None:
         self._queue_depth.set_function(fn)
+
+    def bind_relations_lag(self, fn: Callable[[], float]) -> None:
+        self._relations_lag.set_function(fn)
 
     def snapshot(self) -> dict[str, Any]:
         """Plain numbers for ``/health``."""

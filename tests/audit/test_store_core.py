@@ -406,6 +406,7 @@ def test_freshness_counts_the_spans_the_relations_lack(store_path: Path) -> None
 
     store = Store(store_path)
     store.append(_spans("0000000000000001", "0000000000000002"))
+    assert store.relations_lag_spans == 2  # built over no spans when the store was created
     store.close()  # a writer's close rebuilds
     fresh = queries.relations_freshness(audit.open(store_path)).row(0, named=True)
     assert (fresh["spans_in_relations"], fresh["spans_stored"], fresh["spans_pending"]) == (2, 2, 0)
@@ -421,7 +422,9 @@ def test_freshness_counts_the_spans_the_relations_lack(store_path: Path) -> None
     assert fresh["refreshed_at"] == rebuilt_at
 
     store = Store(store_path)
+    assert store.relations_lag_spans == 3
     store.refresh()
+    assert store.relations_lag_spans == 0
     store.close()
     fresh = queries.relations_freshness(audit.open(store_path)).row(0, named=True)
     assert (fresh["spans_in_relations"], fresh["spans_pending"]) == (5, 0)
@@ -437,3 +440,8 @@ def test_freshness_is_unknown_for_relations_that_did_not_count(store_path: Path)
     con.close()
     fresh = queries.relations_freshness(audit.open(store_path)).row(0, named=True)
     assert fresh["spans_stored"] == 0 and fresh["spans_pending"] is None
+    store = Store(store_path)
+    assert store.relations_lag_spans is None
+    store.refresh()
+    assert store.relations_lag_spans == 0
+    store.close()

@@ -398,9 +398,13 @@ def test_readers_see_how_far_the_relations_lag(tmp_path: Path) -> None:
         fresh = queries.relations_freshness(reader).row(0, named=True)
         assert (fresh["spans_stored"], fresh["spans_pending"]) == (3, 3)
         assert c.metrics.value("background_refreshes") == 0
+        # and for the operator: /health and /metrics
+        assert httpx.get(c.http_url + "/health").json()["relations_lag_spans"] == 3
+        assert "routeaudit_collector_relations_lag_spans 3.0" in httpx.get(c.http_url + "/metrics").text
         reader.query("select count(*) from requests")  # a quick store refreshes first
         fresh = queries.relations_freshness(reader).row(0, named=True)
         assert (fresh["spans_in_relations"], fresh["spans_pending"]) == (3, 0)
+        assert httpx.get(c.http_url + "/health").json()["relations_lag_spans"] == 0
 
 
 def test_a_failing_background_refresh_backs_off_and_ingest_goes_on(tmp_path: Path) -> None:
