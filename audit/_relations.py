@@ -198,7 +198,8 @@ it the live views answer in well under a second and a cache would only slow ever
 
 def refresh(con: duckdb.DuckDBPyConnection,
             on_built: Callable[[Relation, str, float], None] | None = None,
-            cache_defaults: bool | None = None) -> int:
+            cache_defaults: bool | None = None,
+            before_commit: Callable[[duckdb.DuckDBPyConnection, int], None] | None = None) -> int:
     """Rebuild every relation in one transaction: tables for the plain ones, views for the
     parametrised ones. Readers see the old or the new set, never a mix. Returns the number of
     ``raw_spans`` rows the rebuilt relations read (the transaction's snapshot: spans committed
@@ -212,6 +213,8 @@ def refresh(con: duckdb.DuckDBPyConnection,
     branch not taken costs nothing. Must run with no routeaudit session variable set.
     ``cache_defaults``: None caches from :data:`CACHE_MIN_SPANS` spans on.
     ``on_built(relation, kind, seconds)`` is called after each relation (benchmarks time them).
+    ``before_commit(con, spans)`` runs in the transaction last, so what it writes (the store's
+    record of this rebuild) is seen with the relations or not at all.
     """
     rels = load_relations()
     as_views = views(rels)
@@ -252,6 +255,8 @@ def refresh(con: duckdb.DuckDBPyConnection,
             if on_built is not None:
                 on_built(rel, "cached view" if rel.name in to_cache else kind,
                          time.perf_counter() - started)
+        if before_commit is not None:
+            before_commit(con, spans)
         con.execute("commit")
     except BaseException:
         con.execute("rollback")

@@ -122,6 +122,11 @@ class Store:
             "select try_cast(value as bigint) from routeaudit_meta where key = 'relations_spans'"
         ).fetchall()
         self._spans_in_relations: int | None = counted[0][0] if counted else None
+        if self._spans_in_relations is not None and self._spans_in_relations > self._spans_stored:
+            # Spans were deleted since the relations were built (retention, docs/operations.md):
+            # they still show them, and the counts no longer say how far behind they are.
+            self._spans_in_relations = None
+            self._dirty = True
         if not _views_current(self._con):
             # Relations are rebuilt when the SQL changed since this store was last refreshed.
             self.refresh()
@@ -151,13 +156,7 @@ class Store:
             self._dirty = False
             cur = self._con.cursor()
             try:
-                spans = self._spans_in_relations = _relations.refresh(cur)
-                # what the rebuilt relations hold, for audit.queries.relations_freshness
-                cur.execute(
-                    "insert or replace into routeaudit_meta values ('relations_version', ?), "
-                    "('refreshed_ns', ?), ('relations_spans', ?)",
-                    [_relations.relations_version(), str(time.time_ns()), str(spans)],
-                )
+                self._spans_in_relations = _relations.refresh(cur, before_commit=_record_refresh)
             except BaseException as exc:
                 self._dirty = True
                 # The next attempt waits longer (see refresh_gap_s): under load a refresh can run
@@ -371,6 +370,16 @@ table's last, partly filled row group and compresses what it folds in, so the fe
 the less ingest pays: 16 MB → 256 MB gave ``Store.append`` ×2.2, 256 MB → 1 GB ingest end to end +19 %
 (docs/performance.md). Commits stay durable: the WAL is synced on every commit and replayed on
 open (1.0 s for a 339 MB WAL, measured)."""
+
+
+def _record_refresh(con: duckdb.DuckDBPyConnection, spans: int) -> None:
+    """The store's record of a rebuild, in its transaction: the SQL version it built (so a newer
+    routeaudit rebuilds), when, and the spans it read (audit.queries.relations_freshness)."""
+    con.execute(
+        "insert or replace into routeaudit_meta values ('relations_version', ?), "
+        "('refreshed_ns', ?), ('relations_spans', ?)",
+        [_relations.relations_version(), str(time.time_ns()), str(spans)],
+    )
 
 
 def _tune(con: duckdb.DuckDBPyConnection) -> None:

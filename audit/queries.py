@@ -849,10 +849,12 @@ def relations_freshness(reader: Reads) -> pl.DataFrame:
     ``spans_in_relations`` (the ``raw_spans`` rows it read), ``spans_stored`` (the rows now)
     and ``spans_pending`` (stored and queryable in ``raw_spans``, not yet in the marts and the
     attribution relations). Under sustained ingest a large store's rebuild runs minutes behind
-    (docs/architecture.md, "Freshness"). Nulls where the store cannot say: no rebuild yet, or
-    one by a version that did not count. Reads no relation, so it never waits for a rebuild."""
+    (docs/architecture.md, "Freshness"). Nulls where the store cannot say: no rebuild yet, one
+    by a version that did not count, or spans deleted since (retention). Reads no relation, so
+    it never waits for a rebuild."""
     return reader.query(
-        "select *, spans_stored - spans_in_relations as spans_pending\n"
+        "select *, case when spans_stored >= spans_in_relations\n"
+        "               then spans_stored - spans_in_relations end as spans_pending\n"
         "from (\n"
         "    select\n"
         "        to_timestamp(try_cast(max(value) filter (where key = 'refreshed_ns') as bigint)\n"

@@ -295,23 +295,28 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
         port = grpc_port if transport == "grpc" else http_port
         procs = [mp.Process(target=sender, args=(transport, port, payload, batch, i, seconds, q))
                  for i in range(senders)]
+        cpu0 = _cpu_seconds(proc.pid)  # its start (imports, the store) is not the run's
         t0 = time.perf_counter()
         for p in procs:
             p.start()
         peak_rss = 0
         # every 10 s: RSS (bounded or growing?), spans committed, background refreshes and
-        # their seconds (what the relation rebuilds take from ingest)
-        timeline: list[tuple[float, int, int, int, int]] = []
+        # their seconds (what the relation rebuilds take from ingest), spans not yet in the
+        # relations (how far behind readers of the marts are)
+        timeline: list[tuple[float, int, int, int, int, int]] = []
 
         def sample() -> None:
             if timeline and time.perf_counter() - t0 - timeline[-1][0] < 10:
                 return
             try:
-                c = httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=30).json()["counters"]
+                h = httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=30).json()
             except httpx.HTTPError:
-                c = {}
+                h = {}
+            c = h.get("counters", {})
+            lag = h.get("relations_lag_spans")
             timeline.append((time.perf_counter() - t0, _rss(proc.pid)[0], c.get("spans_committed", -1),
-                             c.get("background_refreshes", -1), c.get("background_refresh_seconds", -1)))
+                             c.get("background_refreshes", -1), c.get("background_refresh_seconds", -1),
+                             -1 if lag is None else lag))
 
         while any(p.is_alive() for p in procs):
             peak_rss = max(peak_rss, _rss(proc.pid)[0])
@@ -336,7 +341,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
                 time.sleep(0.05)
         wall = time.perf_counter() - t0
         hwm = _rss(proc.pid)[1]
-        collector_cpu = _cpu_seconds(proc.pid)
+        collector_cpu = _cpu_seconds(proc.pid) - cpu0
         fallbacks = None
         try:
             for line in httpx.get(f"http://127.0.0.1:{http_port}/metrics", timeout=30).text.splitlines():
@@ -362,7 +367,8 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
                 "stored": stored, "wall_s": wall, "spans_per_s": acked / wall,
                 "peak_rss_mib": max(peak_rss, hwm) / 2**20, "native_fallbacks": fallbacks,
                 "senders_cpu_s": senders_cpu, "collector_cpu_s": collector_cpu,
-                "timeline": [(round(t), round(r / 2**20), c, n, rs) for t, r, c, n, rs in timeline]}
+                "timeline": [(round(t), round(r / 2**20), c, n, rs, lag)
+                             for t, r, c, n, rs, lag in timeline]}
     finally:
         proc.terminate()
         try:
@@ -419,9 +425,10 @@ def main() -> None:
               f"senders {r['senders_cpu_s'] / r['wall_s']:.2f} cores (same machine), of "
               f"{os.cpu_count()}")
         print("  every 10 s: seconds, collector RSS MiB, spans committed, background refreshes "
-              "(seconds in them):")
-        for t, m, c, n, rs in r["timeline"]:
-            print(f"    {t:4d} s {m:6,d} MiB {c:10,d} committed {n:3d} refreshes ({rs} s)")
+              "(seconds in them), spans not yet in the relations:")
+        for t, m, c, n, rs, lag in r["timeline"]:
+            print(f"    {t:4d} s {m:6,d} MiB {c:10,d} committed {n:3d} refreshes ({rs} s) "
+                  f"{lag:10,d} behind")
 
 
 if __name__ == "__main__":

@@ -151,7 +151,8 @@ def freshness_note() -> str | None:
     age_s = max(0.0, (datetime.now(UTC) - at).total_seconds())
     age = (f"{age_s:.0f} s" if age_s < 90 else f"{age_s / 60:.0f} min" if age_s < 5400
            else f"{age_s / 3600:.1f} h")
-    spans = f"{pending:,} span{'s' if pending != 1 else ''} stored since {'are' if pending != 1 else 'is'}"
+    spans = (f"{pending:,} span{'s' if pending != 1 else ''} stored since then "
+             f"{'are' if pending != 1 else 'is'}")
     return (f"Relations rebuilt {age} ago: {spans} not in these pages yet (the raw tables, on the "
             "SQL page, have them).")
 

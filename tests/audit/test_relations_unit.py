@@ -242,3 +242,7 @@ def test_a_decisions_key_depends_on_it_alone(make_store: Callable[..., Store]) -
     assert after.height == 4 and after["decision_key"].n_unique() == 4
     assert after["request_key"][0] < before["request_key"][0]  # the new one sorts first
     assert after.slice(1).equals(before)
+    # what a reader gets through Arrow is the stored value (a uhugeint above 10^38 was not)
+    shown = query(store, "select decision_key, cast(decision_key as varchar) as stored "
+                         "from int_attr_decisions_resolved")
+    assert [str(k) for k in shown["decision_key"]] == shown["stored"].to_list()

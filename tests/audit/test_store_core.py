@@ -431,6 +431,27 @@ def test_freshness_counts_the_spans_the_relations_lack(store_path: Path) -> None
     assert fresh["refreshed_at"] > rebuilt_at
 
 
+def test_freshness_is_unknown_after_spans_were_deleted(store_path: Path) -> None:
+    """Retention (docs/operations.md) deletes raw spans with the collector stopped: the
+    relations still hold them, so the counts cannot say how far behind they are, and the next
+    writer rebuilds them."""
+    from audit import queries
+
+    store = Store(store_path)
+    store.append(_spans("0000000000000001", "0000000000000002", "0000000000000003"))
+    store.close()
+    con = duckdb.connect(str(store_path))
+    con.execute("delete from raw_spans where span_id <> '0000000000000003'")
+    con.close()
+    fresh = queries.relations_freshness(audit.open(store_path)).row(0, named=True)
+    assert (fresh["spans_in_relations"], fresh["spans_stored"], fresh["spans_pending"]) == (3, 1, None)
+    store = Store(store_path)
+    assert store.relations_lag_spans is None and store.dirty
+    store.close()  # dirty: closing rebuilds
+    fresh = queries.relations_freshness(audit.open(store_path)).row(0, named=True)
+    assert (fresh["spans_in_relations"], fresh["spans_pending"]) == (1, 0)
+
+
 def test_freshness_is_unknown_for_relations_that_did_not_count(store_path: Path) -> None:
     from audit import queries
 

@@ -67,14 +67,19 @@ decisions_matched_executions as (
 
 final as (
     select
-        -- computed from the row alone (128 bits: collisions negligible), so that every
-        -- reference of the relation as a view gives the same keys (a read-only reader of a
-        -- store from another version installs the relations as views) and a new decision
-        -- leaves the others' keys alone (docs/incremental-refresh.md); numbering the rows
-        -- over the whole table cost as much (a sort of every decision)
-        md5_number(
-            d.request_key || '|' || coalesce(cast(d.attempt as varchar), '') || '|'
-            || coalesce(d.span_id, '')
+        -- a hash of the grain, computed from the row alone, so that every reference of the
+        -- relation as a view gives the same keys (a read-only reader of a store from another
+        -- version installs the relations as views) and a new decision leaves the others' keys
+        -- alone (docs/incremental-refresh.md); numbering the rows over the whole table cost as
+        -- much (a sort of every decision). 125 bits: collisions are negligible, and a hugeint
+        -- that small fits the 38 digits of the decimal Arrow carries it in, so every reader
+        -- sees the stored value (a uhugeint above 10^38 would come out wrapped). '-' stands
+        -- for null: neither an attempt number nor a hex span id.
+        cast(
+            md5_number(
+                d.request_key || '|' || coalesce(cast(d.attempt as varchar), '-') || '|'
+                || coalesce(d.span_id, '-')
+            ) >> 3 as hugeint
         ) as decision_key,
         d.request_key,
         d.request_id,
