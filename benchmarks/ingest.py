@@ -33,7 +33,6 @@ import multiprocessing as mp
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from collectors.routers import free_ports  # noqa: E402
 
 MARKER = bytes.fromhex("a1b2c3d4e5f6")
 """Every template trace id starts with these 6 bytes; each send replaces them (fresh ids)."""
@@ -193,12 +194,6 @@ def stages(bodies: list[bytes], batch: int) -> dict[str, float]:
 
 
 # -- end to end ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_tag(sender: int, seq: int) -> bytes:
     return RUN_MARKER[:-8] + f"{sender:x}{seq:07x}"[-8:].encode()
 
@@ -273,7 +268,7 @@ def end_to_end(transport: str, bodies: list[bytes], batch: int, senders: int,
 
     tmp = tempfile.mkdtemp(prefix="ra-ingest-")
     log = open(f"{tmp}/collector.log", "wb")  # noqa: SIM115 - closed in the finally below
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_ports(2)
     proc = subprocess.Popen([sys.executable, "-m", "collectors.otlp", "--db", f"{tmp}/audit.duckdb",
                              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                              "--queue-max-spans", str(queue_max_spans)]

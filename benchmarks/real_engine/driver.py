@@ -36,7 +36,7 @@ from collectors.client import run_load  # noqa: E402
 from collectors.otlp import Collector, default_config  # noqa: E402
 from collectors.routers import (  # noqa: E402
     RouterProcess,
-    free_port,
+    free_ports,
     start_smg,
     start_vllm_router,
 )
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     db = work / "real_engine.duckdb"
     for f in work.glob("real_engine.duckdb*"):
         f.unlink()
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     targets = [f"http://127.0.0.1:{p}/metrics" for p in ports]
     cfg = default_config(db_path=db, http_port=0, grpc_port=0, scrape_targets=targets,
                          scrape_interval_s=0.5, refresh_interval_s=1.0)

@@ -12,6 +12,7 @@ context manager, and every process still running when the interpreter exits is s
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -33,6 +34,7 @@ __all__ = [
     "RouterProcess",
     "RouterStartError",
     "free_port",
+    "free_ports",
     "smg_available",
     "start_smg",
     "start_vllm_router",
@@ -57,10 +59,25 @@ class RouterStartError(RuntimeError):
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that nothing listens on right now (a child process binds it
     later, so another process could in principle take it first)."""
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct such ports. Two calls of :func:`free_port` in a row may give the same
+    port, since the kernel can hand out a port again once its socket is closed (a router then
+    refused ``--port`` and ``--prometheus-port`` both 42077): these are held open together."""
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(fam, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(fam, socket.SOCK_STREAM)) for _ in range(count)]
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
+def _ports(host: str, port: int, prometheus_port: int | None) -> tuple[int, int | None]:
+    """The router's port and its metrics port: 0 picks a free one, distinct from the other."""
+    fresh = iter(free_ports(2, host))
+    return (port or next(fresh), next(fresh) if prometheus_port == 0 else prometheus_port)
 
 
 def smg_available() -> str | None:
@@ -270,8 +287,7 @@ def start_smg(
     why = smg_available()
     if why:
         raise RouterStartError(why)
-    port = port or free_port(host)
-    mport = free_port(host) if prometheus_port == 0 else prometheus_port
+    port, mport = _ports(host, port, prometheus_port)
     cmd = [*(_smg_command() or []), "launch", "--host", host, "--port", str(port),
            "--worker-urls", *worker_urls, "--policy", policy]
     if mport is not None:
@@ -302,8 +318,7 @@ def start_vllm_router(
     why = vllm_router_available() if python is None else None
     if why:
         raise RouterStartError(why)
-    port = port or free_port(host)
-    mport = free_port(host) if prometheus_port == 0 else prometheus_port
+    port, mport = _ports(host, port, prometheus_port)
     cmd = [python or sys.executable, "-m", "collectors.routers.vllm_router", "--host", host,
            "--port", str(port), "--worker-urls", *worker_urls, "--policy", policy]
     if mport is not None:
