@@ -24,7 +24,7 @@ Contracts:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple, Protocol
 
 import polars as pl
@@ -65,6 +65,7 @@ __all__ = [
     "run_failures",
     "run_sql",
     "relations_freshness",
+    "describe_lag",
 ]
 
 
@@ -865,6 +866,23 @@ def relations_freshness(reader: Reads) -> pl.DataFrame:
         "    from routeaudit_meta\n"
         ") as meta"
     )
+
+
+def describe_lag(fresh: pl.DataFrame, now: datetime | None = None) -> str | None:
+    """One sentence when :func:`relations_freshness`'s row says spans are stored that the
+    relations lack ("Relations rebuilt 3 min ago: 1,200 spans stored since then are not in them
+    yet."); None when they are current or the store cannot say."""
+    if fresh.height != 1:
+        return None
+    row = fresh.row(0, named=True)
+    pending, at = row["spans_pending"], row["refreshed_at"]
+    if not pending or pending <= 0 or at is None:
+        return None
+    age_s = max(0.0, ((now or datetime.now(UTC)) - at).total_seconds())
+    age = (f"{age_s:.0f} s" if age_s < 90 else f"{age_s / 60:.0f} min" if age_s < 5400
+           else f"{age_s / 3600:.1f} h")
+    spans = f"{pending:,} span{'s' if pending != 1 else ''} stored since then"
+    return f"Relations rebuilt {age} ago: {spans} {'are' if pending != 1 else 'is'} not in them yet."
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -142,19 +141,10 @@ def freshness_note() -> str | None:
     except Exception:  # noqa: BLE001
         _log.debug("relations_freshness failed", exc_info=True)
         return None
-    if row is None or row.height != 1:
+    lag = None if row is None else queries.describe_lag(row)
+    if lag is None:
         return None
-    fresh = row.row(0, named=True)
-    pending, at = fresh["spans_pending"], fresh["refreshed_at"]
-    if not pending or pending <= 0 or at is None:
-        return None
-    age_s = max(0.0, (datetime.now(UTC) - at).total_seconds())
-    age = (f"{age_s:.0f} s" if age_s < 90 else f"{age_s / 60:.0f} min" if age_s < 5400
-           else f"{age_s / 3600:.1f} h")
-    spans = (f"{pending:,} span{'s' if pending != 1 else ''} stored since then "
-             f"{'are' if pending != 1 else 'is'}")
-    return (f"Relations rebuilt {age} ago: {spans} not in these pages yet (the raw tables, on the "
-            "SQL page, have them).")
+    return f"{lag} These pages read the relations; the raw tables, on the SQL page, have every span."
 
 
 def fmt_ms(v: float | None) -> str:

@@ -85,9 +85,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_attribute(args: argparse.Namespace) -> int:
     import audit
+    from audit import queries
     from audit.attribution import summary_text
 
-    print(summary_text(audit.open(args.db, slo=_slo(args))))
+    reader = audit.open(args.db, slo=_slo(args))
+    print(summary_text(reader))
+    try:
+        lag = queries.describe_lag(queries.relations_freshness(reader))
+    except audit.AuditError:
+        lag = None  # a store too old to say: the summary stands on its own
+    if lag is not None:
+        print(f"note: {lag} A running collector rebuilds them in the background; `routeaudit sql` "
+              "on the raw tables sees every span.")
     return 0
 
 

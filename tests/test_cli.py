@@ -100,3 +100,25 @@ def test_compare_and_capacity_on_the_sample_data(tmp_path: Path) -> None:
     assert out.returncode == 0 and "C = 10 (given)" in out.stdout
     out = run("compare", "--db", str(db), "--baseline", "nope", "--candidate", "mixed-qp_cost-s0")
     assert out.returncode == 0 and "no requests for run 'nope'" in out.stdout
+
+
+def test_attribute_says_when_the_relations_lag(store_path: Path) -> None:
+    """A summary read while a collector's rebuild runs behind says so, and by how much."""
+    import duckdb
+    import pyarrow as pa
+
+    from audit.schema import RAW_SPANS_SCHEMA
+
+    Store(store_path).close()
+    out = run("attribute", "--db", str(store_path))
+    assert out.returncode == 0 and "note:" not in out.stdout
+    span = dict(trace_id="ab" * 16, span_id="0" * 15 + "1", name="s", kind="internal", start_ns=1,
+                end_ns=2, status_code="unset", received_ns=3, event_count=0)
+    con = duckdb.connect(str(store_path))
+    con.register("late", pa.Table.from_pylist([span], schema=RAW_SPANS_SCHEMA))
+    con.execute("insert into raw_spans by name select * from late")  # as the writer does
+    con.close()
+    out = run("attribute", "--db", str(store_path))
+    assert out.returncode == 0, out.stderr
+    assert "note: Relations rebuilt" in out.stdout
+    assert "1 span stored since then is not in them yet" in out.stdout

@@ -466,3 +466,27 @@ def test_freshness_is_unknown_for_relations_that_did_not_count(store_path: Path)
     store.refresh()
     assert store.relations_lag_spans == 0
     store.close()
+
+
+def test_lag_is_described_with_its_age() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    import polars as pl
+
+    from audit import queries
+
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+    def said(pending: int | None, ago: timedelta | None) -> str | None:
+        return queries.describe_lag(pl.DataFrame({
+            "refreshed_at": [None if ago is None else now - ago], "spans_in_relations": [10],
+            "spans_stored": [10 + (pending or 0)], "spans_pending": [pending]}), now=now)
+
+    assert said(0, timedelta(seconds=5)) is None
+    assert said(None, timedelta(seconds=5)) is None
+    assert said(5, None) is None
+    assert said(1, timedelta(seconds=42)) == (
+        "Relations rebuilt 42 s ago: 1 span stored since then is not in them yet.")
+    assert said(1_234_567, timedelta(minutes=7)) == (
+        "Relations rebuilt 7 min ago: 1,234,567 spans stored since then are not in them yet.")
+    assert said(2, timedelta(hours=3)).startswith("Relations rebuilt 3.0 h ago")  # type: ignore[union-attr]

@@ -122,7 +122,7 @@ def test_every_page_renders_in_chromium(server: str) -> None:
                 body = page.inner_text("body")
                 assert "Traceback" not in body, (path, body[:2000])
                 assert "Page not found" not in body, path
-                assert "1 span stored since then is not in these pages yet" in page.inner_text(
+                assert "1 span stored since then is not in them yet. These pages" in page.inner_text(
                     "[data-testid='stSidebar']"), path
                 assert page.locator("[data-testid='stException']").count() == 0, path
                 errors = page.locator("[data-testid='stAlertContentError']")

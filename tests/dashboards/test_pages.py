@@ -441,7 +441,7 @@ def test_sidebar_says_when_the_relations_lag(monkeypatch: pytest.MonkeyPatch, ra
     for page in ("overview", "cache"):
         at = open_page(monkeypatch, lagging, page)
         notes = [w.value for w in at.sidebar.warning]
-        assert len(notes) == 1 and "12 spans stored since then are not in these pages" in notes[0], notes
+        assert len(notes) == 1 and "12 spans stored since then are not in them yet. These pages" in notes[0], notes
         assert re.search(r"Relations rebuilt \d+ (s|min) ago", notes[0]), notes
     assert metric(open_page(monkeypatch, lagging, "overview"), "Requests") == "12"
 
