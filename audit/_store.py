@@ -138,7 +138,8 @@ class Store:
     @property
     def relations_lag_spans(self) -> int | None:
         """Spans stored that the relations do not hold yet (stored since the rebuild that built
-        them began); None when the relations were built by a version that did not count."""
+        them began); None when the store cannot tell: relations built by a version that did
+        not count, or spans deleted since (retention) until the next rebuild."""
         if self._spans_in_relations is None:
             return None
         # a rebuild may read a commit a moment before append() counts it
