@@ -35,6 +35,7 @@ def _slo(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 # ------------------------------------------------------------------------------------------
 def cmd_collect(args: argparse.Namespace) -> int:
     from collectors.otlp import default_config, run_collector
+    from collectors.tuning_args import tuning_overrides
 
     config = default_config(
         db_path=args.db,
@@ -47,6 +48,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         keep_prompts=args.keep_prompts,
         spool=args.spool,
         **({"token": args.token} if args.token else {}),
+        **tuning_overrides(args),
     )
     return int(run_collector(config.validate()) or 0)
 
@@ -175,6 +177,8 @@ def cmd_testbed(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from collectors.tuning_args import add_tuning_arguments  # light: no receiver imported
+
     parser = argparse.ArgumentParser(
         prog="routeaudit",
         description="Audit routing decisions of LLM serving fleets: collect OTLP spans into "
@@ -198,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spool", action="store_true",
                    help="acknowledge exports once synced to <db>.spool/ rather than committed: "
                         "larger commits, several times the ingest rate (docs/operations.md)")
+    add_tuning_arguments(p)
     p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("sql", help="run a read-only SQL query on a store (also while collecting)")

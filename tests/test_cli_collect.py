@@ -136,3 +136,22 @@ def test_port_in_use_is_a_one_line_error(collector, tmp_path: Path) -> None:  # 
                "--grpc-port", "0")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert str(port) in out.stderr
+
+
+@pytest.mark.parametrize("collector", [("--store-threads", "1", "--refresh-interval", "7",
+                                        "--queue-max-spans", "4096")], indirect=True)
+def test_collect_takes_the_tuning_flags(collector) -> None:  # type: ignore[no-untyped-def]
+    """The flags docs/operations.md names reach the running collector."""
+    db, port, _ = collector
+    health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
+    assert health["queue_limit_spans"] == 4096
+    assert health["refresh_gap_ms"] == 7000.0
+    out = _cli("sql", "--db", str(db), "--format", "csv", "select current_setting('threads') as t")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["t", "1"]
+
+
+def test_a_bad_tuning_flag_is_a_user_error(tmp_path: Path) -> None:
+    out = _cli("collect", "--db", str(tmp_path / "a.duckdb"), "--store-threads", "0")
+    assert out.returncode == 2 and "store_threads must be a positive integer" in out.stderr
+    assert "Traceback" not in out.stderr

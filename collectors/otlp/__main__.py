@@ -15,6 +15,7 @@ from collectors.otlp.config import (
     DEFAULT_HTTP_PORT,
     default_config,
 )
+from collectors.tuning_args import add_tuning_arguments, tuning_overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,19 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", default=None, help="bearer token (default: $ROUTEAUDIT_TOKEN)")
     p.add_argument("--scrape", action="append", default=[], metavar="URL")
     p.add_argument("--scrape-interval", type=float, default=None, metavar="S")
-    p.add_argument("--queue-max-spans", type=int, default=None)
-    p.add_argument("--max-group-spans", type=int, default=None)
-    p.add_argument("--refresh-interval", type=float, default=None, metavar="S",
-                   help="seconds between background rebuilds of the relations")
-    p.add_argument("--refresh-max-share", type=float, default=None, metavar="F",
-                   help="longest share of the time spent rebuilding the relations (default "
-                        "0.25: a slow refresh is followed by a pause 3x as long)")
-    p.add_argument("--store-threads", type=int, default=None, metavar="N",
-                   help="DuckDB worker threads of the store (default half the cores, so a "
-                        "rebuild of the relations leaves the rest to ingest)")
-    p.add_argument("--store-memory-limit", default=None, metavar="SIZE",
-                   help="DuckDB memory limit of the store, e.g. 4GB (default 25%% of the "
-                        "machine's memory)")
+    add_tuning_arguments(p)
     p.add_argument("--commit-delay-ms", type=float, default=0.0,
                    help="testing only: sleep before every commit, to make a slow store and "
                         "exercise backpressure (benchmarks/backpressure_soak.py)")
@@ -59,18 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["keep_prompts"] = True
     if a.spool:
         overrides["spool"] = True
-    if a.queue_max_spans is not None:
-        overrides["queue_max_spans"] = a.queue_max_spans
-    if a.max_group_spans is not None:
-        overrides["max_group_spans"] = a.max_group_spans
-    if a.refresh_interval is not None:
-        overrides["refresh_interval_s"] = a.refresh_interval
-    if a.refresh_max_share is not None:
-        overrides["refresh_max_share"] = a.refresh_max_share
-    if a.store_threads is not None:
-        overrides["store_threads"] = a.store_threads
-    if a.store_memory_limit is not None:
-        overrides["store_memory_limit"] = a.store_memory_limit
+    overrides.update(tuning_overrides(a))
     delay_s = a.commit_delay_ms / 1000.0
     try:
         return run_collector(default_config(**overrides),
