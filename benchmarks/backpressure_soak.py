@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,11 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from collectors.routers import free_port  # noqa: E402
 
 
 def sender(url: str, idx: int, seconds: float, batch: int, out: str, q: Any) -> None:
@@ -90,7 +85,7 @@ def main() -> None:
     import httpx
 
     tmp = Path(tempfile.mkdtemp(prefix="ra-soak-"))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "collectors.otlp", "--db", str(tmp / "a.duckdb"),
                              "--http-port", str(port), "--grpc-port", "-1",
                              "--queue-max-spans", str(args.queue_max_spans),

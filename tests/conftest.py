@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
+from collectors.routers import free_port  # noqa: F401 - the tests' free loopback port
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 CAPTURES = SHARED / "captures"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -76,7 +76,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 def _ports(host: str, port: int, prometheus_port: int | None) -> tuple[int, int | None]:
     """The router's port and its metrics port: 0 picks a free one, distinct from the other."""
-    fresh = iter(free_ports(2, host))
+    fresh = iter([p for p in free_ports(3, host) if p != port])  # never the port asked for
     return (port or next(fresh), next(fresh) if prometheus_port == 0 else prometheus_port)
 
 

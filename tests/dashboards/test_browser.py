@@ -7,7 +7,6 @@ it, no browser download. Screenshots land in ``test-artifacts/dashboards/``.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ import duckdb
 import httpx
 import pytest
 from _stores import mart_store
+
+from collectors.routers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -45,12 +46,6 @@ PAGES = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = mart_store(tmp_path_factory.mktemp("browser") / "audit.duckdb", n=400)
@@ -63,7 +58,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 "status_code, received_ns, event_count) values "
                 "(repeat('a', 32), repeat('b', 16), 's', 'internal', 1, 2, 'unset', 3, 0)")
     con.close()
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "ROUTEAUDIT_DB": str(db)}
     env.pop("ROUTEAUDIT_DASHBOARD_TOKEN", None)
     log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "wb")  # noqa: SIM115
