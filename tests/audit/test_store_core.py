@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 import audit
+from audit import queries
 from audit._errors import QueryError, ReadOnlyError, StoreError
 from audit._readonly import check_read_only
 from audit._store import Store
@@ -289,7 +290,6 @@ def test_a_store_from_another_sql_version_is_rebuilt_on_first_read(store_path: P
 
 
 def test_every_slo_form_means_the_same_targets(store_path: Path) -> None:
-    from audit import queries
     from audit._slo import as_slo
 
     assert as_slo(None) == audit.SLO()
@@ -402,8 +402,6 @@ def test_freshness_counts_the_spans_the_relations_lack(store_path: Path) -> None
     """A live collector's relations lag its raw tables between rebuilds: the spans committed
     since (here written past the store, as the writer does while no rebuild runs) are counted,
     and a rebuild takes them in."""
-    from audit import queries
-
     store = Store(store_path)
     store.append(_spans("0000000000000001", "0000000000000002"))
     assert store.relations_lag_spans == 2  # built over no spans when the store was created
@@ -435,8 +433,6 @@ def test_freshness_is_unknown_after_spans_were_deleted(store_path: Path) -> None
     """Retention (docs/operations.md) deletes raw spans with the collector stopped: the
     relations still hold them, so the counts cannot say how far behind they are, and the next
     writer rebuilds them."""
-    from audit import queries
-
     store = Store(store_path)
     store.append(_spans("0000000000000001", "0000000000000002", "0000000000000003"))
     store.close()
@@ -453,8 +449,6 @@ def test_freshness_is_unknown_after_spans_were_deleted(store_path: Path) -> None
 
 
 def test_freshness_is_unknown_for_relations_that_did_not_count(store_path: Path) -> None:
-    from audit import queries
-
     Store(store_path).close()
     con = duckdb.connect(str(store_path))
     con.execute("delete from routeaudit_meta where key = 'relations_spans'")  # an older version's
@@ -472,8 +466,6 @@ def test_lag_is_described_with_its_age() -> None:
     from datetime import UTC, datetime, timedelta
 
     import polars as pl
-
-    from audit import queries
 
     now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
