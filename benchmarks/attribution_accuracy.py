@@ -1,4 +1,4 @@
-"""Attribution accuracy against the testbed's ground truth (issue #5 "Accuracy, measured").
+"""Attribution accuracy against the testbed's ground truth (docs/attribution.md, "Accuracy").
 
 For each scenario: replay it through the real path (OTel SDK -> OTLP/HTTP -> collector ->
 DuckDB store), refresh the relations, take the audit's primary cause per request from

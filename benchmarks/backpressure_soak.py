@@ -1,4 +1,4 @@
-"""Backpressure soak (issue #9): senders offer about twice what the collector can commit, for
+"""Backpressure soak: senders offer about twice what the collector can commit, for
 ``--seconds``, through the real OpenTelemetry SDK OTLP/HTTP exporter (which retries 429 with the
 ``Retry-After`` delay until its own timeout). Checks, at the end:
 

@@ -1,7 +1,8 @@
 """Ingest throughput: stage ceilings, then end to end over real sockets.
 
 Spans are the testbed's (``hot_prefix`` workload through the real OTel SDK: per request a client,
-a decision with 8 candidate events, a forward and a replica span; ~2 KB of protobuf per span),
+a decision with 8 candidates in one JSON attribute, a forward and a replica span; about 1.5 KB of
+protobuf per span, printed at the start),
 encoded with the SDK's ``encode_spans`` into requests of ``--batch`` spans.
 
 Stages (one process, CPU seconds, so other load on the machine matters less):
@@ -20,7 +21,7 @@ every 10 s the run also prints its RSS, the spans committed and the background r
 ``/health``), and at the end the collector's warnings (a failed commit or refresh shows there).
 
     python3 benchmarks/ingest.py                       # stages + 15 s per transport
-    python3 benchmarks/ingest.py --seconds 60 --transports http   # the issue's 60 s run
+    python3 benchmarks/ingest.py --seconds 60 --transports http   # the 60 s goal run
     python3 benchmarks/ingest.py --seconds 60 --transports http --spool   # acknowledged at the spool
 """
 

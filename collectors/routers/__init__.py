@@ -1,4 +1,4 @@
-"""Launchers for third-party routers with tracing switched on (issue #7).
+"""Launchers for third-party routers with tracing switched on.
 
 * ``python -m collectors.routers.vllm_router --worker-urls ... --otlp-traces-endpoint HOST:PORT``:
   vllm-router's own command line plus the tracing its CLI lacks (see ``docs/routers.md``).

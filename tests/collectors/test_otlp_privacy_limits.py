@@ -1,5 +1,5 @@
-"""Issue #9 leftovers: no prompt text stored by default (``keep_prompts``), and a slow body sender
-(slow-loris) cannot hold the OTLP/HTTP receiver (``body_timeout_s``)."""
+"""Privacy and receiver limits: no prompt text stored by default (``keep_prompts``), and a slow
+body sender (slow-loris) cannot hold the OTLP/HTTP receiver (``body_timeout_s``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Real third-party routers (SMG, vllm-router) in front of live testbed replicas, traced into a
-real collector, checked in the marts (issue #7).
+real collector, checked in the marts.
 
 Each test: 2 live replicas (vLLM-format ``llm_request`` spans over OTLP/HTTP, /metrics scraped
 by the collector) → router as a child process (OTLP/gRPC to the collector) → 20 shared-prefix
