@@ -1,4 +1,4 @@
-"""Shared fixtures: free loopback ports, temporary stores, paths to shared captures."""
+"""Shared fixtures: free loopback ports, temporary stores, the committed real captures."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from collectors.routers import free_port  # noqa: F401 - the tests' free loopback port
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-CAPTURES = SHARED / "captures"
+CAPTURES = ROOT / "tests" / "testdata"
+"""Real emitter captures (``otlp/``, ``client/``, ``metrics/``), described in its README."""
 
 
 @pytest.fixture
@@ -21,6 +21,6 @@ def store_path(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def captures() -> Path:
-    if not CAPTURES.is_dir():
-        pytest.skip(f"shared captures not found at {CAPTURES}")
+    """The captures folder; part of the repository, so its absence is an error, not a skip."""
+    assert (CAPTURES / "otlp").is_dir(), f"captures missing from the repository: {CAPTURES}"
     return CAPTURES

@@ -28,7 +28,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from collectors.otlp import Collector, CollectorConfig
 
-CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "captures" / "otlp"
+CAPTURES = Path(__file__).resolve().parents[1] / "testdata" / "otlp"
 NOW = time.time_ns()
 ALLOWED = {200, 400, 413, 415, 429, 503}
 CI = settings(max_examples=150, deadline=None,

@@ -48,7 +48,7 @@ from collectors.otlp import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-CAPTURES = ROOT.parent / "shared" / "captures" / "otlp"
+CAPTURES = ROOT / "tests" / "testdata" / "otlp"
 TOKEN = "s3cret-token-for-tests"
 NOW = time.time_ns()
 
@@ -216,8 +216,7 @@ def test_protobuf_posted_to_root_path_and_gzip(collector: Collector) -> None:
 # -- captured payloads from real emitters --------------------------------------------------------
 def _captures() -> list[Path]:
     files = sorted(CAPTURES.glob("*.pb"))
-    if not files:
-        pytest.skip(f"no captures in {CAPTURES}")
+    assert files, f"captures missing from the repository: {CAPTURES}"
     return files
 
 
