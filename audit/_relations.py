@@ -114,8 +114,8 @@ PROJECTION_VIEWS: Final = ("stg_spans",)
 """Internal relations that stay views although other relations read them: each is a projection
 of one raw table row by row (no join, no aggregate), so every reader computes only the columns
 it reads, and storing all of them cost more than computing them again. ``stg_spans`` as a table
-wrote 4M rows of 63 columns in a 1M-request refresh, 5.9 of its 10 s (docs/performance.md,
-eleventh session)."""
+wrote 4M rows of 63 columns in a 1M-request refresh, 5.9 of its 10 s
+(docs/performance.md, "Why a refresh costs what it does")."""
 
 
 def views(relations: list[Relation]) -> set[str]:

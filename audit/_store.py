@@ -306,7 +306,7 @@ def without_null_columns(table: pa.Table | None) -> pa.Table | None:
     then need not convert and append a null Arrow array per column: a fleet fills the typed
     columns of the names its own router and engine emit and leaves the others null (28 of 90 in
     the testbed's batches), and leaving them out made ``Store.append`` about 11 % cheaper per
-    span (docs/performance.md, tenth session).
+    span (docs/performance.md, "Why ingest costs what it does").
     """
     if table is None or not table.num_rows:
         return table
@@ -319,7 +319,7 @@ def as_inserted(table: pa.Table | None) -> pa.Table | None:
     """``table`` in the shape :meth:`Store.append` inserts: without its all-null columns, in one
     chunk. DuckDB scans an Arrow table chunk by chunk in parallel, and for an insert that
     parallelism bought no time on two cores but cost 11 % more CPU per span (coordinating the
-    threads' row groups), CPU the decoders needed (docs/performance.md, tenth session)."""
+    threads' row groups), CPU the decoders needed (docs/performance.md)."""
     narrow = without_null_columns(table)
     return None if narrow is None else narrow.combine_chunks()
 

@@ -1,4 +1,4 @@
-"""What the shape of its input costs the writer (docs/performance.md, eighth and tenth sessions).
+"""What the shape of its input costs the writer (docs/performance.md, "Less text per row").
 
 ``Store.append`` in isolation, in groups of ``--group`` spans with their events (fresh trace ids
 per copy, so nothing is a duplicate; a group is many decoded 512-span tables, one Arrow chunk
@@ -10,8 +10,8 @@ interleaved for ``--rounds``:
   inserted as ``Store.append`` does (``audit._store.as_inserted``: all-null columns left out,
   one chunk);
 - ``every column``: the same tables inserted as they come (every column, chunked), as the
-  writer did before the tenth session;
-- ``whole``: every span attribute in the JSON, as stores kept it before the eighth session
+  writer did before it left all-null columns out and combined the chunks;
+- ``whole``: every span attribute in the JSON, as stores written by older versions keep it
   (rebuilt from the same requests by the Python decoder's value converter).
 
 Prints spans per second (wall) and per CPU second of this process (DuckDB's threads included).

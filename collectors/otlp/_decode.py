@@ -158,7 +158,7 @@ def json_to_protobuf(body: bytes) -> bytes:
 
     The C transcoder (``_json_native.c``) writes them straight from the text, without the GIL, for
     the documents :func:`build_request` builds (the ones SDKs send): about 18x less CPU than
-    ``json.loads`` and the upb constructors (docs/performance.md, twelfth session). It gives None
+    ``json.loads`` and the upb constructors (docs/performance.md). It gives None
     for anything else, which then takes :func:`parse_json` (counted in
     :func:`json_python_bodies`); a differential test holds the two equal byte for byte.
     """

@@ -2,7 +2,7 @@
 
 protobuf's ``json_format.ParseDict`` walks the message descriptors in Python and cost 260 µs per
 span: three quarters of the OTLP/JSON receive path, which ran at 2,600 spans/s end to end while
-protobuf bodies ran at 24,000 (docs/performance.md). :func:`build_request` builds the same
+protobuf bodies ran at 24,000. :func:`build_request` builds the same
 message with the upb constructors, for documents of the shape the OTLP specification gives
 (lowerCamelCase keys, hex ids, int64 as strings or numbers, enums as names or known numbers). It
 returns None for anything else (a snake_case key, a null, a value of another type, two values in

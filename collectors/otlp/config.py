@@ -58,8 +58,8 @@ instead of the next refresh, so ingest keeps most of the machine (docs/operation
 DEFAULT_STORE_THREADS: Final = max(1, (os.cpu_count() or 2) // 2)
 """DuckDB worker threads of the store: half the cores, so the receiver's own threads keep the
 other half while the relations are rebuilt (with every core a rebuild took them from the
-appends: on 2 cores one thread gave ingest +13-27 % at the defaults, docs/performance.md,
-twelfth session; a rebuild alone then takes longer)."""
+appends: on 2 cores one thread gave ingest +13-27 % at the defaults, docs/performance.md;
+a rebuild alone then takes longer)."""
 DEFAULT_BODY_TIMEOUT_S: Final = 10.0
 """Longest an OTLP/HTTP request body may take to arrive once its headers are in; a slower
 sender (slow-loris) is answered 408 and disconnected, so it cannot hold the collector."""
