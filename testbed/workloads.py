@@ -1,4 +1,9 @@
-"""Workloads: loaders for the public traces in /work/shared/traces and synthetic mixes.
+"""Workloads: loaders for the public traces shipped with the package, and synthetic mixes.
+
+The traces (Mooncake conversation, Azure LLM 2023 code and conv, AIBrix prefix-share sample) are
+package data under ``testbed/data/traces``, xz-compressed, each beside its licence and an
+attribution README. ``ROUTEAUDIT_TRACE_DIR`` names a folder to read instead, laid out the same
+way (``mooncake/conversation_trace.jsonl``...), its files plain or compressed (``.xz``, ``.gz``).
 
 Every loader validates its input and raises :class:`~testbed.WorkloadError` naming
 ``file:line: reason`` for the first bad line. All randomness comes from the ``rng`` passed in.
@@ -9,21 +14,25 @@ the rate).
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
+import importlib.resources
+import io
 import json
 import math
 import os
 import random
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import IO, Any, Final
 
 from ._errors import UnknownNameError, WorkloadError
 from ._requests import Request, chain_keys
 
 __all__ = [
-    "TRACE_DIR",
+    "TRACE_DIR_ENV",
+    "TRACE_FILES",
     "WORKLOADS",
     "bursts",
     "hot_prefix",
@@ -31,14 +40,81 @@ __all__ = [
     "load_azure",
     "load_mooncake",
     "make_workload",
+    "read_trace",
     "short_long_mix",
     "subsample",
     "uniform_short",
     "with_bursts",
 ]
 
-TRACE_DIR = os.environ.get("ROUTEAUDIT_TRACE_DIR", "/work/shared/traces")
-"""Where the public traces live (``ROUTEAUDIT_TRACE_DIR`` overrides)."""
+TRACE_DIR_ENV: Final = "ROUTEAUDIT_TRACE_DIR"
+"""Environment variable: a folder of traces read instead of the packaged ones (read at each load)."""
+
+TRACE_FILES: Final[Mapping[str, str]] = {
+    "mooncake": "mooncake/conversation_trace.jsonl",
+    "azure_code": "azure_llm_2023/AzureLLMInferenceTrace_code.csv",
+    "azure_conv": "azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
+    "aibrix": "aibrix_synthetic/realistic-prefix-share-workload-p1024-s128-rps5.jsonl",
+}
+"""Trace name -> its path, uncompressed, under the trace folder."""
+
+_COMPRESSED = (".xz", ".gz")
+
+
+def _decompress(data: bytes, label: str) -> bytes:
+    if label.endswith(".gz"):
+        return gzip.decompress(data)
+    if not label.endswith(".xz"):
+        return data
+    try:
+        import lzma  # optional in CPython builds (needs liblzma); only .xz traces need it
+    except ImportError:
+        raise WorkloadError("cannot read .xz: this Python was built without the lzma module",
+                            path=label) from None
+    return lzma.decompress(data)
+
+
+def _read_lines(label: str, opener: Callable[[], IO[bytes]]) -> list[str]:
+    # Catch every way a file can be unusable here so a missing or damaged trace is one
+    # WorkloadError naming the file (LZMAError and zlib.error are not OSErrors).
+    try:
+        with opener() as raw:
+            text = _decompress(raw.read(), label).decode("utf-8")
+    except FileNotFoundError:
+        raise WorkloadError("trace file not found", path=label) from None
+    except WorkloadError:
+        raise
+    except Exception as exc:  # OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise WorkloadError(f"cannot read trace ({reason})", path=label) from None
+    # Only line breaks end a line (str.splitlines would also cut at U+2028 inside JSON strings).
+    return io.StringIO(text, newline="").readlines()
+
+
+def read_trace(name: str, path: str | None = None) -> tuple[str, list[str]]:
+    """Where trace ``name`` (a key of :data:`TRACE_FILES`) was read from, and its lines.
+
+    ``path`` names a file to read instead (plain, ``.xz`` or ``.gz`` by its suffix). Else, with
+    ``ROUTEAUDIT_TRACE_DIR`` set, the file under that folder, plain or with a ``.xz`` / ``.gz``
+    suffix, first found; else the packaged copy. Raises :class:`~testbed.WorkloadError` (one line,
+    naming the file) when the trace is missing, unreadable or not UTF-8.
+    """
+    if path is not None:
+        return path, _read_lines(path, lambda: open(path, "rb"))
+    try:
+        rel = TRACE_FILES[name]
+    except KeyError:
+        raise WorkloadError(f"unknown trace {name!r}; known: {sorted(TRACE_FILES)}") from None
+    folder = os.environ.get(TRACE_DIR_ENV)
+    if folder:
+        found = [p for p in (os.path.join(folder, rel + s) for s in ("", *_COMPRESSED)) if os.path.exists(p)]
+        if not found:
+            raise WorkloadError(f"trace file not found, nor with .xz or .gz ({TRACE_DIR_ENV} is set)",
+                                path=os.path.join(folder, rel))
+        return read_trace(name, found[0])
+    packaged = importlib.resources.files("testbed").joinpath("data", "traces", rel + ".xz")
+    return str(packaged), _read_lines(str(packaged), lambda: packaged.open("rb"))
+
 
 _MOONCAKE_BLOCK = 512
 
@@ -96,34 +172,33 @@ def load_mooncake(path: str | None = None, *, max_tokens: int = 2048, time_scale
     hash-chained segment keys, so a segment is reusable only after all earlier ones. Outputs
     longer than ``max_tokens`` are cut there (finish reason ``length``).
     """
-    path = path or os.path.join(TRACE_DIR, "mooncake", "conversation_trace.jsonl")
+    path, lines = read_trace("mooncake", path)
     reqs: list[Request] = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if limit is not None and fraction is None and len(reqs) >= limit:
-                break
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"invalid JSON ({exc.msg})", path=path, line=line_no) from None
-            if not isinstance(obj, dict):
-                raise WorkloadError("expected a JSON object", path=path, line=line_no)
-            ts = _int_field(obj, "timestamp", path, line_no)
-            inp = _int_field(obj, "input_length", path, line_no, minimum=1)
-            out = _int_field(obj, "output_length", path, line_no)
-            ids = obj.get("hash_ids")
-            if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
-                raise WorkloadError("field 'hash_ids' must be a list of integers", path=path, line=line_no)
-            want = math.ceil(inp / _MOONCAKE_BLOCK)
-            if len(ids) != want:
-                raise WorkloadError(
-                    f"hash_ids has {len(ids)} blocks, input_length {inp} needs {want}",
-                    path=path, line=line_no,
-                )
-            o, mt = _cap(out, max_tokens)
-            reqs.append(Request(f"mc-{line_no - 1}", ts / 1000.0, inp, o, mt, chain_keys(ids), _MOONCAKE_BLOCK))
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if limit is not None and fraction is None and len(reqs) >= limit:
+            break
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"invalid JSON ({exc.msg})", path=path, line=line_no) from None
+        if not isinstance(obj, dict):
+            raise WorkloadError("expected a JSON object", path=path, line=line_no)
+        ts = _int_field(obj, "timestamp", path, line_no)
+        inp = _int_field(obj, "input_length", path, line_no, minimum=1)
+        out = _int_field(obj, "output_length", path, line_no)
+        ids = obj.get("hash_ids")
+        if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+            raise WorkloadError("field 'hash_ids' must be a list of integers", path=path, line=line_no)
+        want = math.ceil(inp / _MOONCAKE_BLOCK)
+        if len(ids) != want:
+            raise WorkloadError(
+                f"hash_ids has {len(ids)} blocks, input_length {inp} needs {want}",
+                path=path, line=line_no,
+            )
+        o, mt = _cap(out, max_tokens)
+        reqs.append(Request(f"mc-{line_no - 1}", ts / 1000.0, inp, o, mt, chain_keys(ids), _MOONCAKE_BLOCK))
     return _finish(subsample(reqs, limit=limit, fraction=fraction, rng=rng), time_scale)
 
 
@@ -142,38 +217,39 @@ def load_azure(path: str | None = None, *, kind: str = "conv", max_tokens: int =
 
     No prefix information: every request gets unique segment keys (no reuse).
     """
-    path = path or os.path.join(TRACE_DIR, "azure_llm_2023", f"AzureLLMInferenceTrace_{kind}.csv")
+    if kind not in ("code", "conv"):
+        raise WorkloadError(f"kind must be 'code' or 'conv', got {kind!r}")
+    path, lines = read_trace(f"azure_{kind}", path)
     reqs: list[Request] = []
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
-            raise WorkloadError(f"expected header TIMESTAMP,ContextTokens,GeneratedTokens, got {header}",
-                                path=path, line=1)
-        for row in reader:
-            line_no = reader.line_num
-            if not row:
-                continue
-            if limit is not None and fraction is None and len(reqs) >= limit:
-                break
-            if len(row) != 3:
-                raise WorkloadError(f"expected 3 columns, got {len(row)}", path=path, line=line_no)
-            try:
-                ts = _parse_azure_ts(row[0])
-            except ValueError:
-                raise WorkloadError(f"bad TIMESTAMP {row[0]!r}", path=path, line=line_no) from None
-            try:
-                inp, out = int(row[1]), int(row[2])
-            except ValueError:
-                raise WorkloadError(f"token counts must be integers, got {row[1:]!r}",
-                                    path=path, line=line_no) from None
-            if inp < 1 or out < 0:
-                raise WorkloadError(f"token counts out of range: {inp}, {out}", path=path, line=line_no)
-            n = math.ceil(inp / block_tokens)
-            o, mt = _cap(out, max_tokens)
-            rid = f"az{kind}-{line_no - 2}"
-            keys = chain_keys(list(range(n)), salt=zlib.crc32(rid.encode()))
-            reqs.append(Request(rid, ts, inp, o, mt, keys, block_tokens))
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None or [h.strip() for h in header] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
+        raise WorkloadError(f"expected header TIMESTAMP,ContextTokens,GeneratedTokens, got {header}",
+                            path=path, line=1)
+    for row in reader:
+        line_no = reader.line_num
+        if not row:
+            continue
+        if limit is not None and fraction is None and len(reqs) >= limit:
+            break
+        if len(row) != 3:
+            raise WorkloadError(f"expected 3 columns, got {len(row)}", path=path, line=line_no)
+        try:
+            ts = _parse_azure_ts(row[0])
+        except ValueError:
+            raise WorkloadError(f"bad TIMESTAMP {row[0]!r}", path=path, line=line_no) from None
+        try:
+            inp, out = int(row[1]), int(row[2])
+        except ValueError:
+            raise WorkloadError(f"token counts must be integers, got {row[1:]!r}",
+                                path=path, line=line_no) from None
+        if inp < 1 or out < 0:
+            raise WorkloadError(f"token counts out of range: {inp}, {out}", path=path, line=line_no)
+        n = math.ceil(inp / block_tokens)
+        o, mt = _cap(out, max_tokens)
+        rid = f"az{kind}-{line_no - 2}"
+        keys = chain_keys(list(range(n)), salt=zlib.crc32(rid.encode()))
+        reqs.append(Request(rid, ts, inp, o, mt, keys, block_tokens))
     return _finish(subsample(reqs, limit=limit, fraction=fraction, rng=rng), time_scale)
 
 
@@ -195,35 +271,32 @@ def load_aibrix(path: str | None = None, *, max_tokens: int = 2048, time_scale: 
     Prefix keys come from the prompt text, cut into ``block_tokens``-token segments by the
     characters-per-token ratio of the prompt (no tokenizer), hashed with BLAKE2b.
     """
-    path = path or os.path.join(
-        TRACE_DIR, "aibrix_synthetic", "realistic-prefix-share-workload-p1024-s128-rps5.jsonl"
-    )
+    path, lines = read_trace("aibrix", path)
     reqs: list[Request] = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"invalid JSON ({exc.msg})", path=path, line=line_no) from None
-            if not isinstance(obj, dict):
-                raise WorkloadError("expected a JSON object", path=path, line=line_no)
-            ts = _int_field(obj, "timestamp", path, line_no)
-            items = obj.get("requests")
-            if not isinstance(items, list) or not items:
-                raise WorkloadError("field 'requests' must be a non-empty list", path=path, line=line_no)
-            for j, it in enumerate(items):
-                if not isinstance(it, dict):
-                    raise WorkloadError(f"requests[{j}] must be an object", path=path, line=line_no)
-                inp = _int_field(it, "Prompt Length", path, line_no, minimum=1)
-                out = _int_field(it, "Output Length", path, line_no)
-                text = it.get("prompt")
-                if not isinstance(text, str) or not text:
-                    raise WorkloadError(f"requests[{j}].prompt must be a non-empty string", path=path, line=line_no)
-                o, mt = _cap(out, max_tokens)
-                reqs.append(Request(f"ab-{line_no - 1}-{j}", ts / 1000.0, inp, o, mt,
-                                    _text_keys(text, inp, block_tokens), block_tokens))
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"invalid JSON ({exc.msg})", path=path, line=line_no) from None
+        if not isinstance(obj, dict):
+            raise WorkloadError("expected a JSON object", path=path, line=line_no)
+        ts = _int_field(obj, "timestamp", path, line_no)
+        items = obj.get("requests")
+        if not isinstance(items, list) or not items:
+            raise WorkloadError("field 'requests' must be a non-empty list", path=path, line=line_no)
+        for j, it in enumerate(items):
+            if not isinstance(it, dict):
+                raise WorkloadError(f"requests[{j}] must be an object", path=path, line=line_no)
+            inp = _int_field(it, "Prompt Length", path, line_no, minimum=1)
+            out = _int_field(it, "Output Length", path, line_no)
+            text = it.get("prompt")
+            if not isinstance(text, str) or not text:
+                raise WorkloadError(f"requests[{j}].prompt must be a non-empty string", path=path, line=line_no)
+            o, mt = _cap(out, max_tokens)
+            reqs.append(Request(f"ab-{line_no - 1}-{j}", ts / 1000.0, inp, o, mt,
+                                _text_keys(text, inp, block_tokens), block_tokens))
     return _finish(subsample(reqs, limit=limit, fraction=fraction, rng=rng), time_scale)
 
 

@@ -10,37 +10,33 @@ and the live replicas' crude tokenizer gives back the same token count.
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Sequence
 from typing import Any
 
 from .._requests import Request
-from ..workloads import TRACE_DIR, make_workload
+from ..workloads import make_workload, read_trace
 from ._tokens import prompt_info, text_for_keys
 
 __all__ = ["live_requests"]
 
-_AIBRIX = os.path.join("aibrix_synthetic", "realistic-prefix-share-workload-p1024-s128-rps5.jsonl")
-
 
 def _aibrix(n: int | None, max_tokens: int | None) -> list[tuple[str, float, str, int]]:
-    path = os.path.join(TRACE_DIR, _AIBRIX)
+    _, lines = read_trace("aibrix")
     out: list[tuple[str, float, str, int]] = []
     t0: float | None = None
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            ts = float(obj["timestamp"]) / 1000.0
-            t0 = ts if t0 is None else t0
-            for j, it in enumerate(obj["requests"]):
-                o = max(1, int(it["Output Length"]))
-                out.append((f"ab-{line_no - 1}-{j}", ts - t0, str(it["prompt"]),
-                            min(o, max_tokens) if max_tokens else o))
-                if n is not None and len(out) >= n:
-                    return out
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        obj = json.loads(line)
+        ts = float(obj["timestamp"]) / 1000.0
+        t0 = ts if t0 is None else t0
+        for j, it in enumerate(obj["requests"]):
+            o = max(1, int(it["Output Length"]))
+            out.append((f"ab-{line_no - 1}-{j}", ts - t0, str(it["prompt"]),
+                        min(o, max_tokens) if max_tokens else o))
+            if n is not None and len(out) >= n:
+                return out
     return out
 
 

@@ -1,12 +1,19 @@
 from __future__ import annotations
 
+import gzip
+import lzma
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from testbed import WorkloadError
 from testbed.workloads import (
+    TRACE_DIR_ENV,
+    TRACE_FILES,
     WORKLOADS,
     bursts,
     hot_prefix,
@@ -14,9 +21,92 @@ from testbed.workloads import (
     load_azure,
     load_mooncake,
     make_workload,
+    read_trace,
     short_long_mix,
     uniform_short,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
+MOONCAKE_LINES = [
+    '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [0]}\n',
+    '{"timestamp": 500, "input_length": 600, "output_length": 7, "hash_ids": [0, 1]}\n',
+]
+
+
+@pytest.fixture(autouse=True)
+def _packaged_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts from the packaged traces, whatever the caller's environment says."""
+    monkeypatch.delenv(TRACE_DIR_ENV, raising=False)
+
+
+@pytest.mark.parametrize(("name", "rows"), [("mooncake", 12031), ("azure_code", 8820),
+                                            ("azure_conv", 19367), ("aibrix", 320)])
+def test_packaged_traces_are_complete(name: str, rows: int) -> None:
+    where, lines = read_trace(name)
+    assert Path(where) == ROOT / "testbed" / "data" / "traces" / (TRACE_FILES[name] + ".xz")
+    assert len(lines) == rows  # the CSVs count their header line
+    assert (Path(where).parent / "README.md").is_file()
+    assert any(p.name.startswith("LICENSE-") for p in Path(where).parent.iterdir())
+
+
+def test_every_trace_workload_loads_in_full() -> None:
+    assert [len(make_workload(n)) for n in ("mooncake", "azure_code", "azure_conv", "aibrix")] == [
+        12031, 8819, 19366, 320]
+
+
+@pytest.mark.parametrize("suffix", ["", ".xz", ".gz"])
+def test_trace_dir_overrides_plain_or_compressed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 suffix: str) -> None:
+    data = "".join(MOONCAKE_LINES).encode()
+    target = tmp_path / (TRACE_FILES["mooncake"] + suffix)
+    target.parent.mkdir(parents=True)
+    target.write_bytes({"": data, ".xz": lzma.compress(data), ".gz": gzip.compress(data)}[suffix])
+    monkeypatch.setenv(TRACE_DIR_ENV, str(tmp_path))
+    reqs = load_mooncake()
+    assert [(r.request_id, r.arrival_s, r.input_tokens) for r in reqs] == [("mc-0", 0.0, 10),
+                                                                          ("mc-1", 0.5, 600)]
+    assert read_trace("mooncake")[0] == str(target)
+
+
+def test_missing_trace_is_one_workload_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRACE_DIR_ENV, str(tmp_path))
+    with pytest.raises(WorkloadError) as ei:
+        load_azure(kind="code")
+    msg = str(ei.value)
+    assert msg == (f"{tmp_path / TRACE_FILES['azure_code']}: trace file not found, nor with .xz or .gz "
+                   f"({TRACE_DIR_ENV} is set)")
+    with pytest.raises(WorkloadError, match=r"nope\.jsonl: trace file not found$"):
+        load_aibrix(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(WorkloadError, match="kind must be 'code' or 'conv'"):
+        load_azure(kind="chat")
+
+
+@pytest.mark.parametrize(("name", "content", "reason"), [
+    ("t.jsonl.xz", lzma.compress(b"{}\n" * 100)[:40], "cannot read trace (Compressed data ended"),
+    ("t.jsonl.gz", b"not gzip at all", "cannot read trace (Not a gzipped file"),
+    ("t.jsonl", b"\xff\xfe{}\n", "cannot read trace ('utf-8' codec can't decode"),
+])
+def test_unreadable_trace_is_one_workload_error(tmp_path: Path, name: str, content: bytes,
+                                                reason: str) -> None:
+    p = tmp_path / name
+    p.write_bytes(content)
+    with pytest.raises(WorkloadError) as ei:
+        load_mooncake(str(p))
+    assert str(ei.value).startswith(f"{p}: {reason}") and "\n" not in str(ei.value)
+    (tmp_path / "d.jsonl").mkdir()
+    with pytest.raises(WorkloadError, match=r"d\.jsonl: cannot read trace \(\[Errno 21\] Is a directory"):
+        load_mooncake(str(tmp_path / "d.jsonl"))
+
+
+def test_cli_prints_a_missing_trace_as_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, TRACE_DIR_ENV: str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "routeaudit", "demo", "--db", str(tmp_path / "x.duckdb"), "--quiet"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        f"routeaudit demo: {tmp_path / TRACE_FILES['mooncake']}: trace file not found, nor with .xz "
+        f"or .gz ({TRACE_DIR_ENV} is set)"]
 
 
 def test_mooncake_loads_and_chains_block_zero() -> None:
