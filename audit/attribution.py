@@ -220,7 +220,7 @@ select
 
 def capacity(reader: Reads, target_qps: float, headroom: float = 0.3, *,
              concurrency: float | None = None, run: str | None = None) -> Capacity:
-    """Replicas for ``target_qps`` by Little's law (seed 002: N = ceil(Q * T_e / C))."""
+    """Replicas for ``target_qps`` by Little's law: N = ceil(Q * T_e / C)."""
     row = reader.query(_CAPACITY_SQL, [run, run]).row(0)
     service_s = float(row[0]) if row[0] is not None else None
     observed = concurrency is None
