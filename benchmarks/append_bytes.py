@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 def whole_json(bodies: list[bytes]) -> list[str]:
     """Every span's attributes as one JSON text, in the decoder's span order."""
-    from audit import semconv
+    import semconv
     from collectors.otlp._decode import _JSON, _ValueConverter, parse_protobuf
 
     out = []

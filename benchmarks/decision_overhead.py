@@ -52,7 +52,7 @@ from opentelemetry.sdk.trace.export import (  # noqa: E402
 )
 from opentelemetry.trace import NoOpTracerProvider  # noqa: E402
 
-from audit import semconv as sc  # noqa: E402
+import semconv as sc  # noqa: E402
 from collectors.router import DecisionRecorder  # noqa: E402
 from collectors.router._recorder import extract_context  # noqa: E402
 

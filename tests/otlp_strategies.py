@@ -17,7 +17,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
-from audit import semconv
+import semconv
 from collectors.otlp._decode import MAX_STRING_LEN, PROMPT_KEYS
 
 TYPED_KEYS = sorted(set(semconv.TYPED_SPAN_ATTRIBUTES) | set(semconv.TYPED_RESOURCE_ATTRIBUTES)

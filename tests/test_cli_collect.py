@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from audit import semconv as sc
+import semconv as sc
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from audit import semconv as sc
+import semconv as sc
 
 INSTRUMENTATION_NAME: Final = "routeaudit.client"
 """Instrumentation scope name of the client spans."""

@@ -1,8 +1,8 @@
 """Expand the compact candidate encoding into candidate event rows, at ingest.
 
 A decision span may carry its candidates in one JSON string attribute
-(:data:`audit.semconv.DECISION_CANDIDATES`, the recorder's default) instead of one
-:data:`audit.semconv.EVENT_CANDIDATE` span event per candidate. The store keeps the attribute
+(:data:`semconv.DECISION_CANDIDATES`, the recorder's default) instead of one
+:data:`semconv.EVENT_CANDIDATE` span event per candidate. The store keeps the attribute
 verbatim and also writes one ``raw_span_events`` row per candidate, exactly as if the events had
 been sent, so the SQL reads one form. The C extension expands the plain texts (strict JSON,
 values of their columns' exact kinds) without the GIL; every other batch takes the Python
@@ -32,7 +32,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from audit import semconv
+import semconv
 from audit.schema import RAW_SPAN_EVENTS_SCHEMA
 
 try:  # the optional C extension (setup.py); without it the Python expansion does it all

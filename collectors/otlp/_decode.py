@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from audit import semconv
+import semconv
 from audit.schema import RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA
 from collectors.otlp import _candidate_events
 from collectors.otlp._otlp_json import MAX_BUILT_DEPTH, build_request

@@ -10,7 +10,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from audit import semconv as sc
+import semconv as sc
 
 INSTRUMENTATION_NAME: Final = "routeaudit.replica"
 """Instrumentation scope name of the replica spans."""

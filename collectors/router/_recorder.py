@@ -38,7 +38,7 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from audit import semconv as sc
+import semconv as sc
 
 from ._direct_spans import DirectSpans
 from ._records import DecisionRecord

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from audit import semconv as sc
+import semconv as sc
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -19,7 +19,7 @@ class Candidate:
     """One replica the router considered, with the telemetry it saw at decision time.
 
     Same fields and meaning as the keyword arguments of ``Decision.candidate()``; see
-    ``audit.semconv`` (``routeaudit.candidate.*``). ``telemetry_ts_ns`` is on the router's clock
+    ``semconv`` (``routeaudit.candidate.*``). ``telemetry_ts_ns`` is on the router's clock
     (Unix ns); the recorder computes ``telemetry_age_ms`` from it.
     """
 
@@ -76,8 +76,8 @@ def candidates_of(span: Any) -> list[dict[str, Any]]:
     candidate keyed by the full attribute names (``routeaudit.candidate.replica``, ...).
 
     ``span`` is an SDK ``ReadableSpan`` (e.g. from ``InMemorySpanExporter``): the JSON
-    attribute :data:`~audit.semconv.DECISION_CANDIDATES` when present, else the
-    :data:`~audit.semconv.EVENT_CANDIDATE` events.
+    attribute :data:`~semconv.DECISION_CANDIDATES` when present, else the
+    :data:`~semconv.EVENT_CANDIDATE` events.
     """
     raw = (span.attributes or {}).get(sc.DECISION_CANDIDATES)
     if raw is None:

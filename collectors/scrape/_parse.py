@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
-from audit.semconv import METRIC_ALIASES, METRIC_DP_RANK_LABELS
+from semconv import METRIC_ALIASES, METRIC_DP_RANK_LABELS
 
 COLUMNS: Final = (
     "target", "replica", "dp_rank", "scraped_ns", "scrape_ms", "ok", "error", "running",

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
-from audit import semconv as sc
+import semconv as sc
 
 __all__ = ["SkewedExporter", "make_tracer_provider"]
 

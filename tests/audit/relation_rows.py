@@ -17,7 +17,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from audit import semconv
+import semconv
 from audit._store import Store
 from audit.schema import RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA
 from collectors.otlp._decode import _coerce, decode, parse_protobuf

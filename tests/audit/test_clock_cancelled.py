@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from relation_rows import MS, T0, RawRows, one_request, query
 
-from audit import semconv
+import semconv
 from audit._store import Store
 
 SKEW_MS = 5_000

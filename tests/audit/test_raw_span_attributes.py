@@ -20,7 +20,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from otlp_strategies import attribute_lists
 
-from audit import Store, semconv
+import semconv
+from audit import Store
 from collectors.otlp import _decode
 from collectors.otlp._decode import MAX_SPAN_ATTR_BYTES, decode, decode_protobuf
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from relation_rows import MS, T0, query
 
-from audit import semconv as sc
+import semconv as sc
 from audit._store import Store
 from collectors.otlp._decode import decode, parse_protobuf
 

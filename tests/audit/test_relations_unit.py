@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from relation_rows import MS, REPLICA_NAMES, STATUS_CASES, T0, RawRows, one_request, query
 
-from audit import semconv
+import semconv
 from audit._store import Store
 
 Marts = dict[str, pl.DataFrame]

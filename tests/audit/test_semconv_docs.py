@@ -1,4 +1,4 @@
-"""docs/semconv.md mirrors audit/semconv.py; docs/schema.md lists every mart column."""
+"""docs/semconv.md mirrors the semconv package; docs/schema.md lists every mart column."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from relation_rows import query
 
-from audit import semconv
+import semconv
 from audit._relations import load_relations
 from audit._store import Store
 

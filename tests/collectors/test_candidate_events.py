@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from audit import semconv as sc
+import semconv as sc
 from audit._store import Store
 from collectors.otlp._decode import decode, decode_protobuf, parse_protobuf
 from collectors.router import DecisionRecorder

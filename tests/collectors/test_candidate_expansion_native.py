@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from audit import semconv
+import semconv
 from audit.schema import RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA
 from collectors.otlp import _candidate_events as ce
 from collectors.otlp._decode import NATIVE_AVAILABLE

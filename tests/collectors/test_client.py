@@ -12,7 +12,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 import collectors.client as client_pkg
-from audit import semconv as sc
+import semconv as sc
 from collectors.client import (
     AsyncInstrumentedClient,
     InstrumentedClient,

@@ -34,7 +34,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 from otlp_strategies import TEXT, attribute_lists
 
-from audit import semconv
+import semconv
 from collectors.otlp import _decode
 from collectors.otlp._decode import (
     MAX_STRING_LEN,

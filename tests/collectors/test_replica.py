@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 import collectors.replica as replica_pkg
-from audit import semconv as sc
+import semconv as sc
 from collectors.replica import ReplicaMiddleware, engine_facts, record_execution
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

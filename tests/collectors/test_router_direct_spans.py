@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 
-from audit import semconv as sc
+import semconv as sc
 from collectors.router import Candidate, DecisionRecord, DecisionRecorder
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

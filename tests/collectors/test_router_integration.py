@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from audit import semconv as sc
+import semconv as sc
 from collectors.client import AsyncInstrumentedClient, InstrumentedClient, run_load
 from collectors.replica import ReplicaMiddleware, engine_facts
 from collectors.router import DecisionRecorder

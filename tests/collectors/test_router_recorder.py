@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import collectors.router as router_pkg
-from audit import semconv as sc
+import semconv as sc
 from collectors.router import Candidate, DecisionRecord, DecisionRecorder
 from collectors.router import _recorder as recorder_mod
 

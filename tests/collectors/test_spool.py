@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from audit import semconv
+import semconv
 from collectors.otlp import Collector, CollectorConfig
 from collectors.otlp._errors import StartError, WriterUnavailable
 from collectors.otlp._spool import Spool, encode_record, read_segment, spool_path

@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from audit import semconv as sc
+import semconv as sc
 from collectors.router import candidates_of
 from testbed import ReplicaConfig, live
 from testbed.live import Fleet, live_requests, prompt_info, serve_replicas, serve_router

@@ -8,8 +8,8 @@ pytest.importorskip("collectors.router")
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
+import semconv as sc  # noqa: E402
 import testbed  # noqa: E402
-from audit import semconv as sc  # noqa: E402
 from collectors.router import candidates_of  # noqa: E402
 from testbed.emit import OTelEmitter  # noqa: E402
 
