@@ -10,7 +10,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -18,8 +18,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-import semconv
-from audit import _relations
+from audit import _relations, semconv
 from audit._errors import AuditError, CollectorUnavailable, QueryError, StoreError
 from audit._readonly import check_read_only
 from audit._slo import SLO, load_slo
@@ -69,11 +68,16 @@ class Store:
     ``threads``: DuckDB's worker threads for this store (None: DuckDB's default, one per core).
     A rebuild with every core takes them from the appends beside it; with fewer it runs longer
     but ingest keeps the rest (the collector leaves half the cores to its own threads).
+
+    ``clock``: monotonic seconds, when refreshes ended and are due (default
+    :func:`time.monotonic`); tests pass one they step. A refresh's own duration is always
+    measured on the real clock.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, refresh_interval_s: float = 0.0,
                  refresh_max_share: float = 1.0, background_refresh: bool = False,
-                 memory_limit: str | None = None, threads: int | None = None) -> None:
+                 memory_limit: str | None = None, threads: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not 0 < refresh_max_share <= 1:
             raise StoreError(f"refresh_max_share must be in (0, 1], got {refresh_max_share!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -97,6 +101,7 @@ class Store:
         self._refresh_lock = threading.Lock()
         self._closed = False
         self._dirty = False
+        self._clock = clock
         self._last_refresh = 0.0
         self.last_refresh_s = 0.0
         _tune(self._con)
@@ -173,7 +178,7 @@ class Store:
             finally:
                 cur.close()
                 # a failed attempt's cost counts for pacing as a refresh's does
-                self._last_refresh = time.monotonic()
+                self._last_refresh = self._clock()
                 self.last_refresh_s = time.perf_counter() - started
             return self.last_refresh_s
 
@@ -196,7 +201,7 @@ class Store:
         ``for_query`` with :attr:`background_refresh`: the rule in the class docstring."""
         if not self._dirty:
             return False
-        elapsed = time.monotonic() - self._last_refresh
+        elapsed = self._clock() - self._last_refresh
         quick = self.last_refresh_s <= SYNC_REFRESH_BUDGET_S and not self._refresh_failures
         if for_query and self.background_refresh:
             due = quick or (not self._refresh_failures and elapsed >= self.refresh_interval_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import duckdb
@@ -26,6 +27,20 @@ def _span(span_id: str, name: str = "s") -> dict[str, object]:
 
 def _spans(*ids: str) -> pa.Table:
     return pa.Table.from_pylist([_span(i) for i in ids], schema=RAW_SPANS_SCHEMA)
+
+
+class SteppedClock:
+    """Monotonic seconds that move only when the test steps them: pacing and back-off are
+    checked just before and just after each boundary, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def test_duplicates_are_stored_once_within_and_across_batches(store_path: Path) -> None:
@@ -194,8 +209,10 @@ def test_raw_queries_do_not_wait_for_a_refresh(store_path: Path) -> None:
 
 
 def test_slow_refreshes_are_paced_to_their_share_of_the_time(store_path: Path) -> None:
-    store = Store(store_path, refresh_max_share=0.5)
+    clock = SteppedClock()
+    store = Store(store_path, refresh_max_share=0.5, clock=clock)
     store.append(_spans("00000000000000c1"))
+    store.last_refresh_s = 0.5  # as if the build in Store() was quick, however busy the machine
     assert store.refresh_if_due() and not store.dirty  # a quick refresh is always due
     # as if that refresh had taken 2.5 s: not quick, so the next waits 2.5 × (1 - 0.5) / 0.5
     store.last_refresh_s = 2.5
@@ -204,7 +221,9 @@ def test_slow_refreshes_are_paced_to_their_share_of_the_time(store_path: Path) -
     assert not store.refresh_if_due() and store.dirty
     store.query_arrow("select count(*) from requests")  # a query does not force it either
     assert store.dirty
-    time.sleep(2.6)
+    clock.step(2.4)
+    assert not store.refresh_if_due() and store.dirty
+    clock.step(0.2)
     assert store.refresh_if_due() and not store.dirty
     store.close()
     unpaced = Store(store_path, refresh_interval_s=1.0)
@@ -241,9 +260,11 @@ def test_with_a_background_refresher_queries_never_wait_for_a_slow_refresh(
 
 
 def test_a_failing_refresh_backs_off_and_says_why(store_path: Path) -> None:
-    store = Store(store_path, refresh_interval_s=1.0)
+    clock = SteppedClock()
+    store = Store(store_path, refresh_interval_s=1.0, clock=clock)
     store._con.execute("alter table raw_snapshots rename to raw_snapshots_gone")  # breaks staging
     store.append(_spans("00000000000000d1"))
+    store.last_refresh_s = 0.5  # quick, so the first attempt is due at once
     with pytest.raises(StoreError, match="stg_snapshots"):
         store.refresh_if_due()
     assert "raw_snapshots" in (store.last_refresh_error or "") and store.dirty
@@ -251,12 +272,16 @@ def test_a_failing_refresh_backs_off_and_says_why(store_path: Path) -> None:
     assert store.refresh_gap_s == pytest.approx(2.0)
     assert not store.refresh_if_due()
     assert store.query_arrow("select count(*) as n from raw_spans").to_pylist() == [{"n": 1}]
-    time.sleep(2.1)
+    clock.step(1.9)
+    assert not store.refresh_if_due()
+    clock.step(0.2)
     with pytest.raises(StoreError):
         store.refresh_if_due()
     assert store.refresh_gap_s == pytest.approx(4.0)  # doubled
     store._con.execute("alter table raw_snapshots_gone rename to raw_snapshots")
-    time.sleep(4.1)
+    clock.step(3.9)
+    assert not store.refresh_if_due() and store.dirty
+    clock.step(0.2)
     assert store.refresh_if_due() and not store.dirty
     assert store.last_refresh_error is None and store.refresh_gap_s == 1.0
     store._con.execute("alter table raw_snapshots rename to raw_snapshots_gone")
@@ -405,11 +430,13 @@ def test_freshness_counts_the_spans_the_relations_lack(store_path: Path) -> None
     store = Store(store_path)
     store.append(_spans("0000000000000001", "0000000000000002"))
     assert store.relations_lag_spans == 2  # built over no spans when the store was created
+    before = _utc_us(time.time_ns())
     store.close()  # a writer's close rebuilds
+    after = _utc_us(time.time_ns())
     fresh = queries.relations_freshness(audit.open(store_path)).row(0, named=True)
     assert (fresh["spans_in_relations"], fresh["spans_stored"], fresh["spans_pending"]) == (2, 2, 0)
     rebuilt_at = fresh["refreshed_at"]
-    assert abs(time.time() - rebuilt_at.timestamp()) < 600
+    assert before <= rebuilt_at <= after + timedelta(microseconds=1)  # the close's rebuild
 
     con = duckdb.connect(str(store_path))
     con.register("late", _spans("0000000000000003", "0000000000000004", "0000000000000005"))
@@ -482,3 +509,8 @@ def test_lag_is_described_with_its_age() -> None:
     assert said(1_234_567, timedelta(minutes=7)) == (
         "Relations rebuilt 7 min ago: 1,234,567 spans stored since then are not in them yet.")
     assert said(2, timedelta(hours=3)).startswith("Relations rebuilt 3.0 h ago")  # type: ignore[union-attr]
+
+
+def _utc_us(ns: int) -> datetime:
+    """A Unix nanosecond instant as a UTC datetime, cut to the microsecond as DuckDB stores it."""
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=ns // 1000)
