@@ -1,6 +1,7 @@
-"""The collector's tuning flags (queue, commits, rebuild pacing, the store's threads and memory),
-defined once for ``routeaudit collect`` and ``python -m collectors.otlp`` so the two cannot drift
-apart (docs/operations.md names them). Imports nothing of the receiver, so ``routeaudit --help``
+"""The collector's tuning and limit flags (queue, commits, rebuild pacing, the store's threads and
+memory, request sizes, timeouts, connections, allowed hosts and origins), defined once for
+``routeaudit collect`` and ``python -m collectors.otlp`` so the two cannot drift apart
+(docs/operations.md names them). Imports nothing of the receiver, so ``routeaudit --help``
 stays quick; each flag left out keeps ``CollectorConfig``'s default.
 """
 
@@ -25,6 +26,41 @@ _FLAGS: Final[tuple[tuple[str, str, type, str, str], ...]] = (
      "relations leaves the rest to ingest)"),
     ("--store-memory-limit", "store_memory_limit", str, "SIZE",
      "DuckDB memory limit of the store, e.g. 4GB (default 25%% of the machine's memory)"),
+    ("--max-body-bytes", "max_body_bytes", int, "N",
+     "largest request body as sent; larger → 413 (default 16 MiB)"),
+    ("--max-decompressed-bytes", "max_decompressed_bytes", int, "N",
+     "largest body after decompression, and largest gRPC message (default 64 MiB)"),
+    ("--max-inflight-bytes", "max_inflight_bytes", int, "N",
+     "bytes all requests together may hold while read, decompressed and decoded; beyond → "
+     "429 / RESOURCE_EXHAUSTED with a retry delay (default 256 MiB)"),
+    ("--header-timeout", "header_timeout_s", float, "S",
+     "seconds to send request headers (HTTP) or finish the HTTP/2 handshake (gRPC) (default 10)"),
+    ("--body-timeout", "body_timeout_s", float, "S",
+     "seconds for an HTTP body to arrive after its headers; slower → 408 (default 10)"),
+    ("--idle-timeout", "idle_timeout_s", float, "S",
+     "seconds an idle keep-alive connection stays open (default 30)"),
+    ("--max-connections", "max_connections", int, "N",
+     "open connections per transport; beyond, new ones are refused (default 512)"),
+    ("--grpc-workers", "grpc_max_workers", int, "N",
+     "gRPC handler threads (default 16)"),
+    ("--grpc-max-concurrent-rpcs", "grpc_max_concurrent_rpcs", int, "N",
+     "gRPC exports running or waiting for a thread; beyond → RESOURCE_EXHAUSTED (default 64)"),
+    ("--export-timeout", "export_timeout_s", float, "S",
+     "seconds an export waits for its commit before 503 / UNAVAILABLE (default 30)"),
+    ("--retry-after", "retry_after_s", int, "S",
+     "retry delay suggested with 429/503 and RESOURCE_EXHAUSTED/UNAVAILABLE (default 1)"),
+    ("--shutdown-grace", "shutdown_grace_s", float, "S",
+     "on SIGTERM, seconds each transport lets in-flight requests finish (default 5)"),
+    ("--log-repeat-interval", "log_repeat_interval_s", float, "S",
+     "the same warning is logged at most once per this many seconds, with a count (default 10)"),
+)
+
+_LIST_FLAGS: Final[tuple[tuple[str, str, str, str], ...]] = (
+    # flag, CollectorConfig field, metavar, help (repeatable)
+    ("--allow-host", "allowed_hosts", "NAME",
+     "a Host header name accepted besides the bound address (repeatable; * accepts any)"),
+    ("--allow-origin", "allowed_origins", "ORIGIN",
+     "a browser origin (scheme://host[:port]) allowed to call /routeaudit/query (repeatable)"),
 )
 
 
@@ -32,13 +68,15 @@ def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the tuning flags to ``parser``."""
     for flag, _, kind, metavar, text in _FLAGS:
         parser.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
+    for flag, _, metavar, text in _LIST_FLAGS:
+        parser.add_argument(flag, action="append", default=None, metavar=metavar, help=text)
 
 
 def tuning_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The ``CollectorConfig`` fields the parsed flags set (those given)."""
     found: dict[str, Any] = {}
-    for flag, name, *_ in _FLAGS:
+    for flag, name, *_ in _FLAGS + _LIST_FLAGS:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
-            found[name] = value
+            found[name] = tuple(value) if isinstance(value, list) else value
     return found

@@ -27,8 +27,9 @@ from audit._errors import StoreError
 from audit._store import Store, sidecar_path
 from collectors.otlp._errors import QueueFull, StartError, WriterUnavailable
 from collectors.otlp._export import Exporter
-from collectors.otlp._grpc import GrpcReceiver, GrpcServer
-from collectors.otlp._http import HttpReceiver, HttpServer, bind_socket
+from collectors.otlp._grpc import GrpcLimits, GrpcReceiver, GrpcServer
+from collectors.otlp._http import ConnectionPolicy, HttpReceiver, HttpServer, bind_socket
+from collectors.otlp._limits import ByteBudget, RepeatFilterInstalled
 from collectors.otlp._metrics import Metrics
 from collectors.otlp._spool import Spool, spool_path
 from collectors.otlp._status import one_line
@@ -41,8 +42,8 @@ _OPEN_LOCK = threading.Lock()
 _OPEN_STORES: set[str] = set()
 """Store files held by a collector of this process."""
 
-_GRACE_S = 10.0
-"""Longest a stop waits for in-flight requests on each transport."""
+_FILES_RESERVED = 256
+"""File descriptors kept for the store, the spool, the scraper and the process itself."""
 
 
 class Collector:
@@ -70,6 +71,9 @@ class Collector:
         self._sidecar: Path | None = None
         self._started_ns = 0
         self._store_key: str | None = None
+        self._log_filter: RepeatFilterInstalled | None = None
+        self.budget = ByteBudget(config.max_inflight_bytes)
+        """The in-flight byte budget both transports share."""
 
     # -- addresses ------------------------------------------------------------------------------
     @property
@@ -128,6 +132,10 @@ class Collector:
         return self
 
     def _start(self, cfg: CollectorConfig) -> None:
+        self.budget = ByteBudget(cfg.max_inflight_bytes)
+        self._log_filter = RepeatFilterInstalled(
+            cfg.log_repeat_interval_s, on_suppress=lambda: self.metrics.inc("log_lines_suppressed"))
+        _check_file_limit(cfg)
         sock = bind_socket(cfg.http_host, cfg.http_port)
         key = os.path.realpath(cfg.db_path)
         try:
@@ -159,14 +167,27 @@ class Collector:
                               before_commit=self._before_commit, spool=self._spool)
         self._writer.start()
         exporter = Exporter(self._writer, self.metrics, cfg.export_timeout_s)
-        receiver = HttpReceiver(exporter, store, self.metrics, cfg, self.health)
-        self._http = HttpServer(receiver.app, sock, _GRACE_S)
+        receiver = HttpReceiver(exporter, store, self.metrics, cfg, self.health, self.budget)
+        policy = ConnectionPolicy(max_connections=cfg.max_connections,
+                                  header_timeout_s=cfg.header_timeout_s,
+                                  idle_timeout_s=cfg.idle_timeout_s,
+                                  retry_after_s=cfg.retry_after_s, metrics=self.metrics)
+        budget = self.budget
+        self.metrics.bind_limits(lambda: budget.used, lambda: policy.open)
+        self._http = HttpServer(receiver.app, sock, cfg.shutdown_grace_s, policy)
         if cfg.grpc_port is not None:
             self._grpc = GrpcServer(
                 GrpcReceiver(exporter, self.metrics, cfg.token, cfg.retry_after_s,
-                             keep_prompts=cfg.keep_prompts),
-                cfg.grpc_host, cfg.grpc_port, max_workers=cfg.grpc_max_workers,
-                max_message_bytes=cfg.max_decompressed_bytes,
+                             keep_prompts=cfg.keep_prompts, budget=self.budget),
+                cfg.grpc_host, cfg.grpc_port, GrpcLimits(
+                    max_workers=cfg.grpc_max_workers,
+                    max_message_bytes=cfg.max_decompressed_bytes,
+                    max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
+                    max_connections=cfg.max_connections,
+                    handshake_timeout_s=cfg.header_timeout_s,
+                    idle_timeout_s=cfg.idle_timeout_s,
+                    # a call cut by the connection's age may still be waiting for its commit
+                    connection_age_grace_s=cfg.export_timeout_s + cfg.body_timeout_s),
             )
             self._grpc.start()
         self._http.start()
@@ -245,10 +266,11 @@ class Collector:
             self._scraper = None
         self._remove_sidecar()
         # Transports first, while the writer still runs, so in-flight exports get their commit.
+        grace = self.config.shutdown_grace_s
         if self._grpc is not None:
-            _quietly(lambda: self._grpc.stop(_GRACE_S) if self._grpc else None)
+            _quietly(lambda: self._grpc.stop(grace) if self._grpc else None)
         if self._http is not None:
-            _quietly(lambda: self._http.stop(_GRACE_S + 5) if self._http else None)
+            _quietly(lambda: self._http.stop(grace + 5) if self._http else None)
         if self._writer is not None:
             _quietly(lambda: self._writer.close(self.config.export_timeout_s + 30) if self._writer else None)
         if self._spool is not None:
@@ -260,6 +282,9 @@ class Collector:
             with _OPEN_LOCK:
                 _OPEN_STORES.discard(self._store_key)
             self._store_key = None
+        if self._log_filter is not None:
+            self._log_filter.remove()
+            self._log_filter = None
 
     def __enter__(self) -> Collector:  # noqa: PYI034 - start() returns self
         return self.start()
@@ -354,6 +379,7 @@ def run_collector(config: CollectorConfig, *,
     # One line per scrape request would drown what matters; failed scrapes are recorded as rows.
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    _raise_file_limit()
     stop = threading.Event()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -372,6 +398,35 @@ def run_collector(config: CollectorConfig, *,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _raise_file_limit() -> None:
+    """Soft file limit up to the hard one, as Go programs do: the default soft limit (often
+    1,024) is below what ``max_connections`` on two transports needs."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _check_file_limit(cfg: CollectorConfig) -> None:
+    """Warn when the connection limits do not fit the file limit: accept() would fail first."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, ValueError, OSError):
+        return
+    transports = 2 if cfg.grpc_port is not None else 1
+    needed = transports * cfg.max_connections + _FILES_RESERVED
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning("the file limit (%d) is below what max_connections=%d needs (%d); raise "
+                    "LimitNOFILE / ulimit -n, or lower --max-connections", soft,
+                    cfg.max_connections, needed)
 
 
 def _connect_host(host: str) -> str:

@@ -8,11 +8,13 @@ token. :mod:`collectors.otlp._status` maps the refusals to HTTP and gRPC statuse
 
     ExportRefused               an export is answered with an error status (never raised to users)
     ├── Unauthenticated         missing or wrong bearer token               → 401 / UNAUTHENTICATED
+    ├── Forbidden               Host, Origin or query header not allowed     → 403
     ├── UnsupportedMediaType    not protobuf/JSON, or unknown Content-Encoding → 415
     ├── BodyTooLarge            over max_body_bytes or max_decompressed_bytes → 413
     ├── BadRequest              undecodable body (also _decode.PayloadError) → 400 / INVALID_ARGUMENT
     │   └── BodyTimeout         the body did not arrive within body_timeout_s → 408
     ├── QueueFull               the writer's queue is full (retryable)       → 429 / RESOURCE_EXHAUSTED
+    ├── Overloaded              the in-flight byte budget is spent (retryable) → 429 / RESOURCE_EXHAUSTED
     └── WriterUnavailable       the writer failed, timed out or is stopping (retryable) → 503 / UNAVAILABLE
 """
 
@@ -41,6 +43,11 @@ class Unauthenticated(ExportRefused):
     """Bearer token missing or wrong."""
 
 
+class Forbidden(ExportRefused):
+    """The request cannot come from where it says: a ``Host`` that is not ours (DNS rebinding),
+    an ``Origin`` that is not allowed, or a query without its custom header (a browser form)."""
+
+
 class UnsupportedMediaType(ExportRefused):
     """Content-Type or Content-Encoding the receiver does not speak."""
 
@@ -59,6 +66,10 @@ class BodyTimeout(BadRequest):
 
 class QueueFull(ExportRefused):
     """The writer's bounded queue has no room for this batch now; retry later."""
+
+
+class Overloaded(ExportRefused):
+    """All requests together hold ``max_inflight_bytes`` already; retry later."""
 
 
 class WriterUnavailable(ExportRefused):

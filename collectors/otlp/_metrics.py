@@ -42,6 +42,11 @@ _COUNTERS = {
     "spool_replayed_spans": "Spans replayed from the spool into the store at start "
                             "(acknowledged before a crash or stop)",
     "internal_errors": "Requests that hit a bug (answered 500 or treated as undecodable); should stay 0",
+    "overload_refusals": "Requests refused (429 / RESOURCE_EXHAUSTED) because all requests together "
+                         "held max_inflight_bytes of bodies",
+    "connections_refused": "HTTP connections answered 503 and closed at once because max_connections were open",
+    "header_timeouts": "HTTP connections closed because a request's headers did not arrive within header_timeout_s",
+    "log_lines_suppressed": "Repeated warnings left out of the log (at most one per log_repeat_interval_s)",
 }
 
 
@@ -101,6 +106,15 @@ class Metrics:
             "in the background; NaN when the store cannot tell",
             registry=self.registry,
         )
+        self._inflight_bytes = Gauge(
+            "routeaudit_collector_inflight_bytes",
+            "Request body bytes held right now while read, decompressed and decoded (max_inflight_bytes bounds it)",
+            registry=self.registry,
+        )
+        self._http_connections = Gauge(
+            "routeaudit_collector_http_connections", "Open OTLP/HTTP connections (max_connections bounds it)",
+            registry=self.registry,
+        )
         self.last_write_s: float | None = None
         self.last_refresh_s: float | None = None
         self.last_commit_ns: int | None = None
@@ -135,6 +149,10 @@ class Metrics:
 
     def bind_relations_lag(self, fn: Callable[[], float]) -> None:
         self._relations_lag.set_function(fn)
+
+    def bind_limits(self, inflight_bytes: Callable[[], float], http_connections: Callable[[], float]) -> None:
+        self._inflight_bytes.set_function(inflight_bytes)
+        self._http_connections.set_function(http_connections)
 
     def snapshot(self) -> dict[str, Any]:
         """Plain numbers for ``/health``."""

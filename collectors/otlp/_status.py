@@ -26,6 +26,8 @@ from collectors.otlp._errors import (
     BodyTimeout,
     BodyTooLarge,
     ExportRefused,
+    Forbidden,
+    Overloaded,
     QueueFull,
     Unauthenticated,
     UnsupportedMediaType,
@@ -69,11 +71,13 @@ def http_answer(exc: BaseException, retry_after_s: int) -> HttpAnswer:
     if isinstance(exc, Unauthenticated):
         return HttpAnswer(401, msg, {"www-authenticate": 'Bearer realm="routeaudit"'},
                           grpc_code=code_pb2.UNAUTHENTICATED)
+    if isinstance(exc, Forbidden):
+        return HttpAnswer(403, msg, grpc_code=code_pb2.PERMISSION_DENIED)
     if isinstance(exc, BodyTooLarge):
         return HttpAnswer(413, msg, grpc_code=code_pb2.RESOURCE_EXHAUSTED)
     if isinstance(exc, UnsupportedMediaType):
         return HttpAnswer(415, msg, grpc_code=code_pb2.INVALID_ARGUMENT)
-    if isinstance(exc, QueueFull):
+    if isinstance(exc, (QueueFull, Overloaded)):
         return HttpAnswer(429, msg, {"retry-after": str(retry_after_s)},
                           grpc_code=code_pb2.RESOURCE_EXHAUSTED)
     if isinstance(exc, WriterUnavailable):
@@ -93,7 +97,9 @@ def grpc_answer(exc: BaseException, retry_after_s: int) -> GrpcAnswer:
     if isinstance(exc, BodyTooLarge):
         # Not retryable: no RetryInfo (OTLP: RESOURCE_EXHAUSTED is retried only with RetryInfo).
         return GrpcAnswer(grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
-    if isinstance(exc, QueueFull):
+    if isinstance(exc, Forbidden):
+        return GrpcAnswer(grpc.StatusCode.PERMISSION_DENIED, msg)
+    if isinstance(exc, (QueueFull, Overloaded)):
         return GrpcAnswer(grpc.StatusCode.RESOURCE_EXHAUSTED, msg,
                           _retry_metadata(code_pb2.RESOURCE_EXHAUSTED, msg, retry_after_s))
     if isinstance(exc, WriterUnavailable):

@@ -77,6 +77,28 @@ committed to DuckDB: much larger commits, hence several times the ingest rate, a
 disk writes and spans that become visible to queries a commit later (see docs/operations.md)."""
 DEFAULT_MAX_QUERY_BYTES: Final = 1024 * 1024
 """Largest ``POST /routeaudit/query`` body."""
+DEFAULT_MAX_INFLIGHT_BYTES: Final = 256 * 1024 * 1024
+"""Bytes all requests together may hold while their bodies are read, decompressed and decoded
+(both transports). A request that would go over is refused at once with 429 /
+``RESOURCE_EXHAUSTED`` and a retry delay, so concurrent gzip bombs cannot multiply the per-request
+cap into gigabytes. Must fit one request of the largest size (see ``validate``)."""
+DEFAULT_HEADER_TIMEOUT_S: Final = 10.0
+"""Longest a connection may take to send a request's headers (from its first byte, or from the
+connection's opening), and an OTLP/gRPC connection its HTTP/2 handshake; slower → closed."""
+DEFAULT_IDLE_TIMEOUT_S: Final = 30.0
+"""An HTTP keep-alive connection with no request for this long is closed; a gRPC connection
+without calls for this long is sent GOAWAY."""
+DEFAULT_MAX_CONNECTIONS: Final = 512
+"""Open connections per transport; beyond, a new HTTP connection is answered 503 with
+``Retry-After`` and closed, a new gRPC connection is closed. Keeps the process below its file
+limit (``LimitNOFILE``), where accepting would fail for everyone."""
+DEFAULT_GRPC_MAX_CONCURRENT_RPCS: Final = 64
+"""Export RPCs running or queued for a handler thread; beyond → ``RESOURCE_EXHAUSTED``."""
+DEFAULT_SHUTDOWN_GRACE_S: Final = 5.0
+"""On stop (SIGTERM), how long each transport lets in-flight requests finish before closing."""
+DEFAULT_LOG_REPEAT_INTERVAL_S: Final = 10.0
+"""The same warning (same logger and message) is logged at most once per this many seconds;
+the next line says how many were left out."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +144,26 @@ class CollectorConfig:
     """Store prompt/completion attribute values (default: drop them; see ``_decode.is_prompt_key``)."""
     spool: bool = DEFAULT_SPOOL
     """Acknowledge exports at the spool sync rather than the store commit (``DEFAULT_SPOOL``)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Names besides the bound address a request's ``Host`` header may carry (e.g. the DNS name
+    senders use); ``"*"`` accepts any. See ``collectors.otlp._http.HostCheck``."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins (``scheme://host[:port]``) allowed to call ``POST /routeaudit/query``; a
+    request carrying any other ``Origin`` is refused (403)."""
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+    """Global budget of request bytes being read, decompressed and decoded (``DEFAULT_MAX_INFLIGHT_BYTES``)."""
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    """Seconds to send a request's headers (HTTP) or finish the HTTP/2 handshake (gRPC)."""
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    """Seconds an idle keep-alive connection stays open."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """Open connections per transport (``DEFAULT_MAX_CONNECTIONS``)."""
+    grpc_max_concurrent_rpcs: int = DEFAULT_GRPC_MAX_CONCURRENT_RPCS
+    """Export RPCs running or waiting for a handler thread (``DEFAULT_GRPC_MAX_CONCURRENT_RPCS``)."""
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    """Seconds each transport lets in-flight requests finish on stop."""
+    log_repeat_interval_s: float = DEFAULT_LOG_REPEAT_INTERVAL_S
+    """At most one line per this many seconds for the same warning (``DEFAULT_LOG_REPEAT_INTERVAL_S``)."""
     host: str | None = None
     """Shorthand for the command line: when given, sets both ``http_host`` and ``grpc_host``
     at construction (and reads back as None afterwards)."""
@@ -130,6 +172,8 @@ class CollectorConfig:
         # Normalise what a command line naturally passes (str path, list of targets).
         object.__setattr__(self, "db_path", Path(self.db_path))
         object.__setattr__(self, "scrape_targets", tuple(self.scrape_targets))
+        object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
+        object.__setattr__(self, "allowed_origins", tuple(self.allowed_origins))
         if self.host is not None:
             object.__setattr__(self, "http_host", self.host)
             object.__setattr__(self, "grpc_host", self.host)
@@ -161,12 +205,18 @@ class CollectorConfig:
                 f"(set {ENV_TOKEN} or --token)"
             )
         for name in ("max_body_bytes", "max_decompressed_bytes", "queue_max_spans",
-                     "max_group_batches", "max_group_spans", "grpc_max_workers", "store_threads"):
+                     "max_group_batches", "max_group_spans", "grpc_max_workers", "store_threads",
+                     "max_inflight_bytes", "max_connections", "grpc_max_concurrent_rpcs"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.max_decompressed_bytes < self.max_body_bytes:
             raise ConfigError("max_decompressed_bytes must be at least max_body_bytes")
+        needed = self.max_body_bytes + 2 * self.max_decompressed_bytes
+        if self.max_inflight_bytes < needed:
+            raise ConfigError(
+                f"max_inflight_bytes must be at least max_body_bytes + 2 x max_decompressed_bytes "
+                f"({needed}), so that one request of the largest size fits; got {self.max_inflight_bytes}")
         if not isinstance(self.retry_after_s, int) or self.retry_after_s < 0:
             raise ConfigError(f"retry_after_s must be a whole number of seconds >= 0, got {self.retry_after_s!r}")
         if not self.export_timeout_s > 0:
@@ -177,8 +227,20 @@ class CollectorConfig:
                 and not isinstance(self.refresh_max_share, bool)
                 and 0 < self.refresh_max_share <= 1):
             raise ConfigError(f"refresh_max_share must be in (0, 1], got {self.refresh_max_share!r}")
-        if not self.body_timeout_s > 0:
-            raise ConfigError(f"body_timeout_s must be > 0, got {self.body_timeout_s!r}")
+        for name in ("body_timeout_s", "header_timeout_s", "idle_timeout_s", "shutdown_grace_s",
+                     "log_repeat_interval_s"):
+            value = getattr(self, name)
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not 0 < value < float("inf")):
+                raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        for name in ("allowed_hosts", "allowed_origins"):
+            for item in getattr(self, name):
+                if not isinstance(item, str) or not item.strip() or any(c.isspace() for c in item):
+                    raise ConfigError(f"bad entry in {name}: {item!r}")
+        for origin in self.allowed_origins:
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.path:
+                raise ConfigError(f"allowed origin {origin!r} is not scheme://host[:port]")
         for name in ("keep_prompts", "spool"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")

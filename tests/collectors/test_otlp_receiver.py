@@ -50,6 +50,8 @@ from collectors.otlp import (
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = ROOT / "tests" / "testdata" / "otlp"
 TOKEN = "s3cret-token-for-tests"
+QUERY = {"x-routeaudit-query": "1"}
+"""The header every query needs (a browser cannot send it without a CORS preflight)."""
 NOW = time.time_ns()
 
 
@@ -68,6 +70,7 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
 def rows(c: Collector, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
     """Query the running collector's store over its query endpoint (what readers do)."""
     headers = {"authorization": f"Bearer {c.config.token}"} if c.config.token else {}
+    headers.update(QUERY)
     r = httpx.post(c.query_url, json={"sql": sql, "params": params or []}, headers=headers)
     assert r.status_code == 200, r.text
     table = pa.ipc.open_stream(r.content).read_all()
@@ -429,7 +432,7 @@ def test_auth_token(tmp_path: Path) -> None:
         assert post(c, body).status_code == 401
         assert post(c, body, authorization="Bearer wrong").status_code == 401
         assert httpx.get(c.http_url + "/metrics").status_code == 401
-        r = httpx.post(c.query_url, json={"sql": "select 1"})
+        r = httpx.post(c.query_url, json={"sql": "select 1"}, headers=QUERY)
         assert r.status_code == 401 and "token" in r.json()["error"]
         assert httpx.get(c.http_url + "/health").status_code == 200
         assert post(c, body, authorization=f"Bearer {TOKEN}").status_code == 200
@@ -473,13 +476,14 @@ def test_query_from_another_process_via_sidecar(collector: Collector) -> None:
     lines = out.stdout.splitlines()
     assert lines[0] == "6" and lines[1].startswith("refused:")
     # Refusals reach the endpoint too (bypassing the client-side check).
-    r = httpx.post(collector.query_url, json={"sql": "drop table raw_spans"})
+    r = httpx.post(collector.query_url, json={"sql": "drop table raw_spans"}, headers=QUERY)
     assert r.status_code == 400 and "read-only" in r.json()["error"]
-    r = httpx.post(collector.query_url, json={"sql": "select * from nope"})
+    r = httpx.post(collector.query_url, json={"sql": "select * from nope"}, headers=QUERY)
     assert r.status_code == 400 and "\n" not in r.json()["error"]
-    r = httpx.post(collector.query_url, json={"sql": "select ?::int + 1 as x", "params": [41]})
+    r = httpx.post(collector.query_url, json={"sql": "select ?::int + 1 as x", "params": [41]}, headers=QUERY)
     assert pa.ipc.open_stream(r.content).read_all().to_pylist() == [{"x": 42}]
-    assert httpx.post(collector.query_url, content=b"nope").status_code == 400
+    assert httpx.post(collector.query_url, content=b"nope",
+                      headers={**QUERY, "content-type": "application/json"}).status_code == 400
 
 
 # -- lifecycle -----------------------------------------------------------------------------------
