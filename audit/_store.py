@@ -18,7 +18,8 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from audit import _relations, semconv
+import semconv
+from audit import _relations
 from audit._errors import AuditError, CollectorUnavailable, QueryError, StoreError
 from audit._readonly import check_read_only
 from audit._slo import SLO, load_slo
