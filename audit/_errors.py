@@ -4,7 +4,9 @@ message; the command line prints the message and exits non-zero, never a traceba
     AuditError
     ├── StoreError            the store file is missing, locked, or not a routeaudit store
     ├── QueryError            a query failed (syntax, unknown relation or column)
-    │   └── ReadOnlyError     a query tried to write, attach, copy, install or touch files
+    │   ├── ReadOnlyError     a query tried to write, attach, copy, install or touch files
+    │   ├── QueryTimeout      a query ran past its time limit and was stopped
+    │   └── QueryCancelled    a query was stopped by its caller (client gone, shutdown)
     └── CollectorUnavailable  the sidecar names a collector that does not answer
 """
 
@@ -25,6 +27,14 @@ class QueryError(AuditError):
 
 class ReadOnlyError(QueryError):
     """A query would modify the store or reach outside it."""
+
+
+class QueryTimeout(QueryError):
+    """A read query ran past its time limit and was interrupted."""
+
+
+class QueryCancelled(QueryError):
+    """A read query was interrupted by its caller."""
 
 
 class CollectorUnavailable(AuditError):

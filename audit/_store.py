@@ -21,7 +21,7 @@ import pyarrow as pa
 import semconv
 from audit import _relations
 from audit._errors import AuditError, CollectorUnavailable, QueryError, StoreError
-from audit._readonly import check_read_only
+from audit._readonly import DEFAULT_LIMITS, QueryCancel, QueryLimits, check_read_only, run_read_only
 from audit._slo import SLO, load_slo
 from audit.schema import RAW_SNAPSHOTS_SCHEMA, RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA, RAW_TABLES, raw_ddl
 
@@ -66,6 +66,9 @@ class Store:
     is waiting); it never waits minutes for a large store's rebuild, it reads the relations as
     last built and the paced background thread rebuilds them.
 
+    ``query_limits``: the time, row and byte bounds of :meth:`query_arrow` (a caller may pass
+    its own per query).
+
     ``threads``: DuckDB's worker threads for this store (None: DuckDB's default, one per core).
     A rebuild with every core takes them from the appends beside it; with fewer it runs longer
     but ingest keeps the rest (the collector leaves half the cores to its own threads).
@@ -78,7 +81,8 @@ class Store:
     def __init__(self, path: str | os.PathLike[str], *, refresh_interval_s: float = 0.0,
                  refresh_max_share: float = 1.0, background_refresh: bool = False,
                  memory_limit: str | None = None, threads: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 query_limits: QueryLimits = DEFAULT_LIMITS) -> None:
         if not 0 < refresh_max_share <= 1:
             raise StoreError(f"refresh_max_share must be in (0, 1], got {refresh_max_share!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -101,6 +105,9 @@ class Store:
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._closed = False
+        self.query_limits = query_limits
+        self._active: set[QueryCancel] = set()
+        self._active_cond = threading.Condition()
         self._dirty = False
         self._clock = clock
         self._last_refresh = 0.0
@@ -270,19 +277,45 @@ class Store:
                 "using (trace_id, span_id, event_index)")
 
     def query_arrow(self, sql: str, params: Sequence[Any] | None = None,
-                    variables: Mapping[str, float | str] | None = None) -> pa.Table:
+                    variables: Mapping[str, float | str] | None = None, *,
+                    limits: QueryLimits | None = None, cancel: QueryCancel | None = None) -> pa.Table:
         """Run a read-only query on a fresh cursor (thread-safe).
 
         ``variables`` are DuckDB session variables the relations read (the SLO targets).
+        The query runs in a transaction that is always rolled back, within ``limits`` (default
+        :attr:`query_limits`); ``cancel`` stops it from another thread, and :meth:`close` stops
+        every query still running.
         """
         check_read_only(sql)
-        cur = self._con.cursor()
+        cancel = cancel or QueryCancel()
+        with self._active_cond:
+            if self._closed:
+                raise StoreError("the store is closed")
+            self._active.add(cancel)
         try:
-            if self._dirty and _reads_relations(cur, sql):
-                self.refresh_if_due(for_query=True)
-            return _run(cur, sql, params, variables)
+            cur = self._con.cursor()
+            try:
+                if self._dirty and _reads_relations(cur, sql):
+                    self.refresh_if_due(for_query=True)
+                return run_read_only(cur, sql, params, variables, limits=limits or self.query_limits,
+                                     cancel=cancel, rollback=True)
+            finally:
+                cur.close()
         finally:
-            cur.close()
+            with self._active_cond:
+                self._active.discard(cancel)
+                self._active_cond.notify_all()
+
+    def cancel_queries(self, reason: str = "the store is closing", wait_s: float = 10.0) -> int:
+        """Stop every read query running on this store and wait (at most ``wait_s``) until they
+        have ended; returns how many were stopped."""
+        with self._active_cond:
+            running = list(self._active)
+        for c in running:
+            c.cancel(reason)
+        with self._active_cond:
+            self._active_cond.wait_for(lambda: not self._active, timeout=wait_s)
+        return len(running)
 
     def checkpoint(self) -> None:
         with self._lock:
@@ -293,6 +326,8 @@ class Store:
         still closes the store (its error is raised afterwards)."""
         if self._closed:
             return
+        # A running ad-hoc query would hold the close (and its checkpoint) for as long as it runs.
+        self.cancel_queries()
         try:
             if self._dirty:
                 self.refresh()
@@ -410,9 +445,12 @@ class Reader:
     start later. Results are polars DataFrames.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, slo: SLO | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, slo: SLO | None = None,
+                 limits: QueryLimits = DEFAULT_LIMITS) -> None:
         self.path = Path(path)
         self.slo = slo or load_slo()
+        self.limits = limits
+        """Bounds of a query this reader runs itself; a collector applies its own."""
         self._rebuild_tried = False
         if not self.path.exists():
             raise StoreError(f"no store at {self.path} (start `routeaudit collect --db {self.path}` "
@@ -433,7 +471,7 @@ class Reader:
         variables = {**(slo or self.slo).variables(), **(variables or {})}
         remote = _live_collector(self.path)
         if remote is not None:
-            return _query_collector(remote, sql, params, variables)
+            return _query_collector(remote, sql, params, variables, self.limits)
         return self._query_file(sql, params, variables)
 
     def table(self, name: str, limit: int | None = None) -> pl.DataFrame:
@@ -470,7 +508,9 @@ class Reader:
                 # Written by another version and cannot be rebuilt now: this connection builds
                 # its own (a refresh's work, for every query).
                 _relations.install(con, temporary=True)
-            return _run(con, sql, params, variables)
+            con.execute("set lock_configuration = true")
+            # Opened read-only, so a write could not commit: no transaction to roll back.
+            return run_read_only(con, sql, params, variables, limits=self.limits, rollback=False)
         finally:
             con.close()
 
@@ -539,16 +579,6 @@ def _parsed_table_names(con: duckdb.DuckDBPyConnection, sql: str) -> set[str] | 
     return tables - ctes
 
 
-def _run(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None,
-         variables: Mapping[str, float | str] | None) -> pa.Table:
-    """One read query with its session variables; DuckDB errors become one-line QueryErrors."""
-    try:
-        _set_variables(con, variables)
-        return con.sql(sql, params=list(params) if params else None).to_arrow_table()
-    except duckdb.Error as exc:
-        raise QueryError(_one_line(exc)) from exc
-
-
 def _views_current(con: duckdb.DuckDBPyConnection) -> bool:
     try:
         rows = con.sql(
@@ -583,26 +613,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _set_variables(con: duckdb.DuckDBPyConnection,
-                   variables: Mapping[str, float | str] | None) -> None:
-    for name, value in (variables or {}).items():
-        if not name.isidentifier():
-            raise QueryError(f"bad variable name {name!r}")
-        con.execute(f"set variable {name} = ?", [value])
-
-
 def _query_collector(info: dict[str, Any], sql: str, params: Sequence[Any] | None,
-                     variables: Mapping[str, float | str]) -> pa.Table:
+                     variables: Mapping[str, float | str], limits: QueryLimits) -> pa.Table:
     import httpx
 
     url = info.get("query_url")
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": "application/json", "x-routeaudit-query": "1"}
     token = info.get("token") or os.environ.get("ROUTEAUDIT_TOKEN")
     if token:
         headers["authorization"] = f"Bearer {token}"
     try:
         resp = httpx.post(str(url), json={"sql": sql, "params": list(params or []), "variables": dict(variables)},
-                          headers=headers, timeout=60.0)
+                          headers=headers, timeout=_collector_timeout(limits))
     except httpx.HTTPError as exc:
         raise CollectorUnavailable(f"the collector at {url} owns this store but did not answer: {exc}") from exc
     if resp.status_code != 200:
@@ -613,6 +635,14 @@ def _query_collector(info: dict[str, Any], sql: str, params: Sequence[Any] | Non
         raise QueryError(str(message).strip().splitlines()[0] if message else f"HTTP {resp.status_code}")
     with pa.ipc.open_stream(resp.content) as reader:
         return reader.read_all()
+
+
+def _collector_timeout(limits: QueryLimits) -> Any:
+    """Wait for the answer as long as a query may run (the collector bounds it), and a bit more."""
+    import httpx
+
+    read = None if limits.timeout_s is None else limits.timeout_s + 30.0
+    return httpx.Timeout(10.0, read=read)
 
 
 def _lock_message(path: Path, exc: Exception) -> str:
@@ -628,10 +658,12 @@ def _one_line(exc: BaseException | str) -> str:
     return s.splitlines()[0] if s else type(exc).__name__
 
 
-def open(path: str | os.PathLike[str], *, slo: SLO | None = None) -> Reader:  # noqa: A001
+def open(path: str | os.PathLike[str], *, slo: SLO | None = None,  # noqa: A001
+         limits: QueryLimits = DEFAULT_LIMITS) -> Reader:
     """Open a store for reading: ``audit.open("audit.duckdb").query("select ...")``.
 
     ``slo`` sets the TTFT/TPOT targets the attribution relations judge by (default:
-    :func:`audit.load_slo`, i.e. config file, environment, then defaults).
+    :func:`audit.load_slo`, i.e. config file, environment, then defaults). ``limits`` bounds
+    each query's time, rows and bytes (a running collector applies its own).
     """
-    return Reader(path, slo=slo)
+    return Reader(path, slo=slo, limits=limits)

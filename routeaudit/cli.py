@@ -12,6 +12,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import polars as pl
 
 EXIT_USER_ERROR = 2
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +61,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     import polars as pl
 
     import audit
-    from audit._errors import QueryError
+    from audit import QueryError
 
     reader = audit.open(args.db, slo=_slo(args))
     query = args.query if args.query != "-" else sys.stdin.read()
@@ -69,13 +73,26 @@ def cmd_sql(args: argparse.Namespace) -> int:
             message += f" (relations: {', '.join(reader.relations())})"
         raise QueryError(message) from None
     if args.format == "csv":
-        sys.stdout.write(frame.write_csv())
+        sys.stdout.write(_csv_ready(frame).write_csv())
     elif args.format == "json":
         sys.stdout.write(frame.write_ndjson())
     else:
         with pl.Config(tbl_rows=args.max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
             print(frame)
     return 0
+
+
+def _csv_ready(frame: pl.DataFrame) -> pl.DataFrame:
+    """CSV holds no nested values: list, array and struct columns become JSON text."""
+    import orjson
+    import polars as pl
+
+    nested = [name for name, dtype in frame.schema.items() if dtype.is_nested() or dtype == pl.Object]
+    return frame.with_columns(
+        pl.Series(name, [None if v is None else orjson.dumps(v, default=str).decode()
+                         for v in frame[name].to_list()], dtype=pl.String)
+        for name in nested
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -119,7 +136,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from routeaudit._report import format_capacity
 
     if not args.target_qps > 0:
-        from audit._errors import AuditError
+        from audit import AuditError
 
         raise AuditError("--target-qps must be positive")
     cap = capacity(audit.open(args.db), args.target_qps, args.headroom,
@@ -131,7 +148,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 def cmd_dashboard(args: argparse.Namespace) -> int:
     import ipaddress
 
-    from audit._errors import AuditError
+    from audit import AuditError
 
     token = args.token or os.environ.get("ROUTEAUDIT_DASHBOARD_TOKEN")
     try:
@@ -144,7 +161,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     db = Path(args.db) if args.db else SAMPLE_DB
     if not db.exists():
         if args.db:
-            from audit._errors import StoreError
+            from audit import StoreError
 
             raise StoreError(f"no store at {db}")
         from routeaudit._demo import build_sample_data

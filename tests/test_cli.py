@@ -57,6 +57,21 @@ def test_sql_formats(store_path: Path) -> None:
     assert out.stdout.strip() == '{"a":2}'
 
 
+def test_sql_csv_writes_nested_columns_as_json(store_path: Path) -> None:
+    Store(store_path).close()
+    out = run("sql", "--db", str(store_path), "--format", "csv",
+              "select 1 as a, [1, 2] as l, {'k': 'v', 'n': [3]} as s, null::int[] as e")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ['a,l,s,e', '1,"[1,2]","{""k"":""v"",""n"":[3]}",']
+
+
+def test_sql_refuses_explain_analyze_of_a_write(store_path: Path) -> None:
+    Store(store_path).close()
+    out = run("sql", "--db", str(store_path), "explain analyze delete from raw_spans")
+    assert out.returncode == 2 and "delete statements are not allowed" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_bad_slo_flag_is_a_user_error(store_path: Path) -> None:
     Store(store_path).close()
     out = run("sql", "--db", str(store_path), "--ttft-slo-ms", "-5", "select 1")

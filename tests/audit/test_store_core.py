@@ -140,7 +140,7 @@ def test_read_only_guard_accepts_reads(sql: str) -> None:
 
 def test_file_functions_are_refused_inside_select(store_path: Path) -> None:
     Store(store_path).close()
-    with pytest.raises(QueryError, match="(?i)disabled|permission"):
+    with pytest.raises(QueryError, match="(?i)not allowed|disabled|permission"):
         audit.open(store_path).query("select * from read_csv('/etc/passwd')")
 
 
