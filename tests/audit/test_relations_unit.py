@@ -226,7 +226,7 @@ def test_a_probe_ancestor_never_anchors(make_store: Callable[..., Store]) -> Non
 def test_a_decisions_key_depends_on_it_alone(make_store: Callable[..., Store]) -> None:
     """The candidate relations join on decision_key: a new decision (here one whose request key
     sorts before every other) leaves the other decisions' keys as they were, so an incremental
-    refresh would not have to rewrite them (docs/incremental-refresh.md)."""
+    refresh would not have to rewrite them (docs/architecture.md, "Always-on analysis")."""
     old = RawRows()
     for n in (5, 6, 7):
         one_request(old, n=n, base_ns=T0 + n * 2000 * MS)
