@@ -23,8 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from audit._errors import StoreError
-from audit._store import Store, sidecar_path
+from audit import Store, StoreError, sidecar_path
 from collectors.otlp._errors import QueueFull, StartError, WriterUnavailable
 from collectors.otlp._export import Exporter
 from collectors.otlp._grpc import GrpcLimits, GrpcReceiver, GrpcServer
@@ -178,7 +177,8 @@ class Collector:
         if cfg.grpc_port is not None:
             self._grpc = GrpcServer(
                 GrpcReceiver(exporter, self.metrics, cfg.token, cfg.retry_after_s,
-                             keep_prompts=cfg.keep_prompts, budget=self.budget),
+                             keep_prompts=cfg.keep_prompts, drop_attributes=cfg.drop_attributes,
+                             budget=self.budget),
                 cfg.grpc_host, cfg.grpc_port, GrpcLimits(
                     max_workers=cfg.grpc_max_workers,
                     max_message_bytes=cfg.max_decompressed_bytes,
@@ -266,11 +266,15 @@ class Collector:
             self._scraper = None
         self._remove_sidecar()
         # Transports first, while the writer still runs, so in-flight exports get their commit.
+        # Both at once, so a stop takes one grace period, not two.
         grace = self.config.shutdown_grace_s
+        grpc_stopped: list[threading.Event] = []
         if self._grpc is not None:
-            _quietly(lambda: self._grpc.stop(grace) if self._grpc else None)
+            _quietly(lambda: grpc_stopped.append(self._grpc.begin_stop(grace)) if self._grpc else None)
         if self._http is not None:
             _quietly(lambda: self._http.stop(grace + 5) if self._http else None)
+        for event in grpc_stopped:
+            event.wait(grace + 1)
         if self._writer is not None:
             _quietly(lambda: self._writer.close(self.config.export_timeout_s + 30) if self._writer else None)
         if self._spool is not None:

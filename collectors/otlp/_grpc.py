@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from collectors.otlp._decode import DecodedBatch
 from collectors.otlp._errors import Overloaded, StartError, Unauthenticated
 from collectors.otlp._export import Exporter, decode_protobuf_request, decode_request
-from collectors.otlp._limits import ByteBudget
+from collectors.otlp._limits import ByteBudget, drop_frames
 from collectors.otlp._metrics import Metrics
 from collectors.otlp._status import grpc_answer, is_refusal
 
@@ -89,8 +90,10 @@ class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
 
     def __init__(self, exporter: Exporter, metrics: Metrics, token: str | None,
                  retry_after_s: int, *, keep_prompts: bool = False,
+                 drop_attributes: tuple[str, ...] = (),
                  budget: ByteBudget | None = None) -> None:
         self._keep_prompts = keep_prompts
+        self._drop = drop_attributes
         self._budget = budget
         self._exporter = exporter
         self._metrics = metrics
@@ -100,15 +103,18 @@ class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request: ExportTraceServiceRequest,
                context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         return self._answer(context, lambda: decode_request(request, self._metrics,
-                                                            keep_prompts=self._keep_prompts))
+                                                            keep_prompts=self._keep_prompts,
+                                                            drop_attributes=self._drop))
 
     def export_bytes(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         def get_batch() -> DecodedBatch:
             if self._budget is None:
-                return decode_protobuf_request(body, self._metrics, keep_prompts=self._keep_prompts)
+                return decode_protobuf_request(body, self._metrics, keep_prompts=self._keep_prompts,
+                                               drop_attributes=self._drop)
             with self._budget.hold() as hold:
                 hold.take(2 * len(body))  # the message grpcio holds, and the decoder's work
-                return decode_protobuf_request(body, self._metrics, keep_prompts=self._keep_prompts)
+                return decode_protobuf_request(body, self._metrics, keep_prompts=self._keep_prompts,
+                                               drop_attributes=self._drop)
 
         return self._answer(context, get_batch)
 
@@ -125,6 +131,7 @@ class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                 log.exception("unexpected error answering an OTLP/gRPC export")
                 self._metrics.inc("internal_errors")
             answer = grpc_answer(exc, self._retry_after_s)
+            drop_frames(exc)
             self._metrics.request("grpc", answer.code.name)
             if answer.trailing_metadata:
                 context.set_trailing_metadata(answer.trailing_metadata)
@@ -173,14 +180,18 @@ class GrpcServer:
             self._server.stop(None)
             raise StartError(f"cannot listen for OTLP/gRPC on {address}: {reason}")
         self.port: int = bound
-        self._stopped = False
+        self._stopped: threading.Event | None = None
 
     def start(self) -> None:
         self._server.start()
 
     def stop(self, grace_s: float) -> None:
         """Refuse new RPCs, let running ones finish for ``grace_s``. Safe to call twice."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._server.stop(grace_s).wait(grace_s + 1)
+        self.begin_stop(grace_s).wait(grace_s + 1)
+
+    def begin_stop(self, grace_s: float) -> threading.Event:
+        """:meth:`stop` without waiting: the event is set once the server has stopped."""
+        if self._stopped is not None:
+            return self._stopped
+        self._stopped = self._server.stop(grace_s)
+        return self._stopped
