@@ -1,26 +1,44 @@
-"""Service-level objectives used to call a request slow.
+"""Service-level objectives: the targets a request is judged against.
+
+The judgement itself is SQL, in one place: ``slo_targets`` (one row, the targets) and
+``int_attr_requests_judged`` (one row per request: ok, good, slow, ms over the targets), which
+every query that splits good from slow reads. ``slo_targets`` reads the DuckDB session
+variables :meth:`SLO.variables` names and holds their defaults; this module reads those
+defaults from it, so they are written once.
 
 Precedence, as everywhere in routeaudit: explicit argument, then the ``[slo]`` table of a
 ``routeaudit.toml`` config file, then the ``ROUTEAUDIT_*`` environment variable, then the
-``DEFAULT_*`` constant. The SQL relations read the values as DuckDB session variables
-(``getvariable('routeaudit_ttft_slo_ms')``), which every read path sets before a query.
+``DEFAULT_*`` constant.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
+from audit import _relations
 from audit._errors import AuditError
 
-DEFAULT_TTFT_SLO_MS: Final = 2000.0
+SLO_RELATION: Final = "slo_targets"
+"""The relation that holds the targets (and their defaults) the other relations judge by."""
+TTFT_VARIABLE: Final = "routeaudit_ttft_slo_ms"
+"""Session variable ``slo_targets`` reads the TTFT target from."""
+TPOT_VARIABLE: Final = "routeaudit_tpot_slo_ms"
+"""Session variable ``slo_targets`` reads the TPOT target from."""
+
+
+def _sql_default(variable: str) -> float:
+    """The default ``slo_targets`` gives ``variable`` when it is unset."""
+    relation = [r for r in _relations.load_relations() if r.name == SLO_RELATION]
+    return float(_relations.variable_defaults(relation)[variable])
+
+
+DEFAULT_TTFT_SLO_MS: Final = _sql_default(TTFT_VARIABLE)
 """Time to first token target, ms: a request over it is slow."""
-DEFAULT_TPOT_SLO_MS: Final = 100.0
+DEFAULT_TPOT_SLO_MS: Final = _sql_default(TPOT_VARIABLE)
 """Mean time per output token (after the first) target, ms."""
 ENV_TTFT_SLO_MS: Final = "ROUTEAUDIT_TTFT_SLO_MS"
 ENV_TPOT_SLO_MS: Final = "ROUTEAUDIT_TPOT_SLO_MS"
@@ -30,36 +48,14 @@ ENV_CONFIG: Final = "ROUTEAUDIT_CONFIG"
 
 @dataclass(frozen=True)
 class SLO:
-    """TTFT and TPOT targets in milliseconds."""
+    """TTFT and TPOT targets in milliseconds: the one form every API takes them in."""
 
     ttft_ms: float = DEFAULT_TTFT_SLO_MS
     tpot_ms: float = DEFAULT_TPOT_SLO_MS
 
     def variables(self) -> dict[str, float]:
-        """The DuckDB session variables the relations read."""
-        return {"routeaudit_ttft_slo_ms": float(self.ttft_ms), "routeaudit_tpot_slo_ms": float(self.tpot_ms)}
-
-
-def as_slo(value: object = None) -> SLO:
-    """An :class:`SLO` from None (the defaults), an SLO, a mapping with ``ttft_ms``/``tpot_ms``
-    (missing or None keys keep their default), or a ``(ttft_ms, tpot_ms)`` pair."""
-    if value is None:
-        return SLO()
-    if isinstance(value, SLO):
-        return value
-    if isinstance(value, Mapping):
-        return SLO(
-            ttft_ms=_positive(value.get("ttft_ms") or DEFAULT_TTFT_SLO_MS, "ttft_ms"),
-            tpot_ms=_positive(value.get("tpot_ms") or DEFAULT_TPOT_SLO_MS, "tpot_ms"),
-        )
-    if hasattr(value, "ttft_ms") and hasattr(value, "tpot_ms"):
-        return SLO(ttft_ms=_positive(value.ttft_ms, "ttft_ms"),
-                   tpot_ms=_positive(value.tpot_ms, "tpot_ms"))
-    if not isinstance(value, Iterable):
-        # The message unpacking a non-iterable raises, so callers see what they saw before.
-        raise TypeError(f"cannot unpack non-iterable {type(value).__name__} object")
-    ttft, tpot = value
-    return SLO(ttft_ms=_positive(ttft, "ttft_ms"), tpot_ms=_positive(tpot, "tpot_ms"))
+        """The DuckDB session variables ``slo_targets`` reads."""
+        return {TTFT_VARIABLE: float(self.ttft_ms), TPOT_VARIABLE: float(self.tpot_ms)}
 
 
 def load_slo(config: str | os.PathLike[str] | None = None, *, ttft_ms: float | None = None,
@@ -102,17 +98,3 @@ def _positive(value: object, what: str) -> float:
     if not f > 0:
         raise AuditError(f"{what} must be positive, got {value!r}")
     return f
-
-
-def query_with_slo(reader: Any, sql: str, params: Sequence[Any] | None, slo: object,
-                   variables: Mapping[str, float | str] | None = None) -> Any:
-    """``reader.query(sql, params)``, passing the SLO (and further session ``variables``) to
-    readers that accept them (``audit.Reader`` sets them as the session variables the
-    attribution relations read); a reader without those parameters judges by the defaults."""
-    accepts = inspect.signature(reader.query).parameters
-    kwargs: dict[str, Any] = {}
-    if slo is not None and "slo" in accepts:
-        kwargs["slo"] = as_slo(slo)
-    if variables and "variables" in accepts:
-        kwargs["variables"] = dict(variables)
-    return reader.query(sql, params, **kwargs)

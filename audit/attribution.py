@@ -1,37 +1,24 @@
 """Run comparison, capacity and the CLI summary over the attribution relations.
 
-Every function takes a reader (anything with ``query(sql, params) -> polars.DataFrame``, such as
-:class:`audit._store.Reader`) and plain values. Aggregation happens in DuckDB; Python only
+Every function takes a reader (:class:`audit.Reads`, such as :class:`audit.Reader`) and plain
+values; an SLO is an :class:`audit.SLO` (None: the reader's own). Aggregation happens in DuckDB; Python only
 combines a handful of numbers (no per-row loops). Formulas: ``docs/attribution.md``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import polars as pl
 
-from audit._slo import as_slo, query_with_slo
+from audit._reads import Reads
+from audit._slo import SLO
 
 __all__ = ["RunComparison", "Capacity", "compare_runs", "capacity", "summary_text"]
 
 
-
-class Reads(Protocol):
-    def query(self, sql: str, params: Sequence[Any] | None = None) -> pl.DataFrame: ...
-
-
-def _slo_values(slo: Any) -> tuple[float, float]:
-    """(ttft_ms, tpot_ms) of anything :func:`audit._slo.as_slo` accepts."""
-    resolved = as_slo(slo)
-    return resolved.ttft_ms, resolved.tpot_ms
-
-
-def _query(reader: Reads, sql: str, params: Sequence[Any] | None, slo: Any) -> pl.DataFrame:
-    return query_with_slo(reader, sql, params, slo)  # type: ignore[no-any-return]
 
 # --------------------------------------------------------------------------------------------
 # compare_runs
@@ -53,28 +40,16 @@ class RunComparison:
         return p is not None and float(p) < 0.05
 
 
+# The judgement (status, TTFT with the latency standing in, good) is int_attr_requests_judged's.
 _RUN_STATS_SQL = """
 with
 judged as (
     select
-        run_id,
-        coalesce(status, 'ok') as status,
-        coalesce(ttft_ms, e2e_ms) as ttft_ms,
-        tpot_ms,
-        output_tokens,
-        client_start,
+        *,
         client_start + to_microseconds(cast(round(coalesce(e2e_ms, 0) * 1000) as bigint))
             as ended_at
-    from requests
+    from int_attr_requests_judged
     where run_id in (?, ?)
-),
-flagged as (
-    select
-        *,
-        status = 'ok' as is_ok,
-        status = 'ok' and coalesce(ttft_ms <= ?, false)
-        and (coalesce(output_tokens, 0) < 2 or tpot_ms is null or tpot_ms <= ?) as is_good
-    from judged
 )
 select
     run_id,
@@ -99,7 +74,7 @@ select
     quantile_cont(tpot_ms, 0.99) filter (where is_ok) as tpot_p99_ms,
     avg(output_tokens) filter (where is_ok) as output_tokens_mean,
     quantile_cont(output_tokens, 0.5) filter (where is_ok) as output_tokens_p50
-from flagged
+from judged
 group by run_id
 """
 
@@ -115,10 +90,9 @@ order by run_id, requests desc, finish_reason
 _MANN_WHITNEY_SQL = """
 with
 samples as (
-    select run_id = ? as is_candidate, coalesce(ttft_ms, e2e_ms) as x
-    from requests
-    where run_id in (?, ?) and coalesce(status, 'ok') = 'ok'
-        and coalesce(ttft_ms, e2e_ms) is not null
+    select run_id = ? as is_candidate, ttft_ms as x
+    from int_attr_requests_judged
+    where run_id in (?, ?) and is_ok and ttft_ms is not null
 ),
 ordered as (
     select is_candidate, x, row_number() over (order by x) as position from samples
@@ -139,12 +113,11 @@ from ranked, ties
 
 
 def compare_runs(reader: Reads, baseline_run: str, candidate_run: str,
-                 slo: Any = None) -> RunComparison:
+                 slo: SLO | None = None) -> RunComparison:
     """Compare two runs of the same arrival trace: latency percentiles, goodput, attainment,
     failures by kind (never dropped from denominators), output lengths and finish reasons, and
     a Mann-Whitney U test on TTFT of successful requests."""
-    ttft, tpot = _slo_values(slo)
-    stats = reader.query(_RUN_STATS_SQL, [baseline_run, candidate_run, ttft, tpot])
+    stats = reader.query(_RUN_STATS_SQL, [baseline_run, candidate_run], slo=slo)
     roles = pl.DataFrame({"run_id": [baseline_run, candidate_run],
                           "role": ["baseline", "candidate"]})
     runs = roles.join(stats, on="run_id", how="left")
@@ -245,10 +218,10 @@ order by run_id nulls first, requests desc, cause
 """
 
 
-def summary_text(reader: Reads, slo: Any = None) -> str:
+def summary_text(reader: Reads, slo: SLO | None = None) -> str:
     """A few lines per run for the CLI: requests, goodput, failures, percentiles, causes."""
-    runs = _query(reader, _SUMMARY_SQL, None, slo)
-    causes = _query(reader, _CAUSES_SQL, None, slo)
+    runs = reader.query(_SUMMARY_SQL, slo=slo)
+    causes = reader.query(_CAUSES_SQL, slo=slo)
     if runs.height == 0:
         return "no requests in the store"
     lines: list[str] = []

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 Timed = list[tuple[str, Callable[[], Any]]]
 
 
-def page_queries(reader: Any, slo: dict[str, float]) -> dict[str, Timed]:
+def page_queries(reader: Any, slo: Any) -> dict[str, Timed]:
     from audit import queries as q
 
     worst = q.slow_requests(reader, slo, limit=1)
@@ -74,7 +74,7 @@ def page_queries(reader: Any, slo: dict[str, float]) -> dict[str, Timed]:
         ],
         "policies": [
             ("run_list", lambda: q.run_list(reader)),
-            ("compare_runs", lambda: q.compare_runs(reader, runs, slo)),
+            ("run_summaries", lambda: q.run_summaries(reader, runs, slo)),
             ("run_failures", lambda: q.run_failures(reader, runs)),
         ],
     }
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", type=int, metavar="N",
                     help="build a store of N synthetic requests (marts as tables) and time it")
     ap.add_argument("--repeat", type=int, default=3, help="runs per query (median shown)")
-    ap.add_argument("--ttft-ms", type=float, default=2000.0)
-    ap.add_argument("--tpot-ms", type=float, default=100.0)
+    ap.add_argument("--ttft-ms", type=float, default=None, help="TTFT target (default: audit.load_slo())")
+    ap.add_argument("--tpot-ms", type=float, default=None, help="TPOT target (default: audit.load_slo())")
     args = ap.parse_args(argv)
 
     import audit
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("give --db PATH, set ROUTEAUDIT_DB, or use --synthetic N")
         path = Path(db)
     reader = audit.open(path)
-    slo = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms}
+    slo = audit.load_slo(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
     n = reader.query("select count(*) as n from requests")["n"][0]
     print(f"store {path}: {n:,} requests; median of {args.repeat} runs per query\n")
 

@@ -17,8 +17,7 @@ import polars as pl
 import streamlit as st
 
 import audit
-from audit import queries
-from audit._errors import AuditError
+from audit import AuditError, queries
 
 _log = logging.getLogger(__name__)
 
@@ -34,6 +33,8 @@ DEFAULT_DB: Final = "sample_data/demo.duckdb"
 CACHE_TTL_S: Final = 30
 CACHE_MAX_ENTRIES: Final = 256
 BUCKETS: Final = 60
+TABLE_ROWS: Final = queries.TABLE_LIMIT
+"""Rows a table on a page shows at most (the largest or worst first)."""
 
 NO_REQUESTS: Final = (
     "No requests in this store yet: is traffic flowing through an instrumented client, router "
@@ -51,11 +52,11 @@ def store_path() -> Path:
 
 
 @st.cache_resource(show_spinner=False)
-def _open(path: str) -> audit._store.Reader:
+def _open(path: str) -> audit.Reader:
     return audit.open(path)
 
 
-def reader() -> audit._store.Reader:
+def reader() -> audit.Reader:
     """The store's reader; shows an explanation and stops the page if there is no store."""
     path = store_path()
     if not path.exists():
@@ -115,12 +116,11 @@ def has(relation: str, *columns: str) -> bool:
     return bool(rels) and queries.has_relation(reader(), relation, *columns, known=rels)
 
 
-def slo() -> dict[str, float]:
-    """The SLO targets chosen in the sidebar (app.py owns the widgets)."""
-    return {
-        "ttft_ms": float(st.session_state.get("slo_ttft_ms", queries.DEFAULT_SLO["ttft_ms"])),
-        "tpot_ms": float(st.session_state.get("slo_tpot_ms", queries.DEFAULT_SLO["tpot_ms"])),
-    }
+def slo() -> audit.SLO:
+    """The SLO targets chosen in the sidebar (app.py owns the widgets), else the defaults."""
+    default = audit.SLO()
+    return audit.SLO(ttft_ms=float(st.session_state.get("slo_ttft_ms", default.ttft_ms)),
+                     tpot_ms=float(st.session_state.get("slo_tpot_ms", default.tpot_ms)))
 
 
 def empty(df: pl.DataFrame | None) -> bool:

@@ -11,7 +11,7 @@ import os
 
 import streamlit as st
 
-from audit._slo import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
+import audit
 from dashboards import _ui
 
 st.set_page_config(page_title="routeaudit", layout="wide")
@@ -45,9 +45,10 @@ with st.sidebar:
     if (behind := _ui.freshness_note()) is not None:
         st.warning(behind)
     st.subheader("SLO targets")
-    st.number_input("TTFT target (ms)", min_value=1.0, value=DEFAULT_TTFT_SLO_MS, step=100.0,
+    default = audit.SLO()
+    st.number_input("TTFT target (ms)", min_value=1.0, value=default.ttft_ms, step=100.0,
                     key="slo_ttft_ms")
-    st.number_input("TPOT target (ms)", min_value=1.0, value=DEFAULT_TPOT_SLO_MS, step=10.0,
+    st.number_input("TPOT target (ms)", min_value=1.0, value=default.tpot_ms, step=10.0,
                     key="slo_tpot_ms")
 
 page.run()

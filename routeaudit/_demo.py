@@ -12,7 +12,10 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from audit import SLO
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DIR = ROOT / "sample_data"
@@ -62,7 +65,7 @@ def replay_into_store(db: Path, runs: list[tuple[str, str | None]], *, n_request
     return summaries
 
 
-def run_demo(*, db: Path, scenario: str, n_requests: int | None, seed: int, slo: Any,
+def run_demo(*, db: Path, scenario: str, n_requests: int | None, seed: int, slo: SLO | None,
              progress: bool) -> int:
     """``routeaudit demo``: replay a scenario into a fresh store, judge it, print a summary."""
     import audit
@@ -105,7 +108,7 @@ def load_sample_data(store: Any) -> None:
 
 def write_sample_store(path: Path) -> Path:
     """A store at ``path`` holding the committed sample data, its relations built; returns it."""
-    from audit._store import Store
+    from audit import Store
 
     store = Store(path)
     try:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
+
+if TYPE_CHECKING:  # pragma: no cover
+    from audit.attribution import Capacity, RunComparison
 
 
 def _fmt(value: Any, spec: str = ".0f", unit: str = "") -> str:
@@ -13,7 +16,7 @@ def _fmt(value: Any, spec: str = ".0f", unit: str = "") -> str:
     return f"{value:{spec}}{unit}"
 
 
-def format_comparison(cmp: Any) -> str:
+def format_comparison(cmp: RunComparison) -> str:
     """``routeaudit compare``: the two runs side by side, failures apart, and the TTFT test."""
     rows = {r["role"]: r for r in cmp.runs.iter_rows(named=True)}
     base, cand = rows.get("baseline", {}), rows.get("candidate", {})
@@ -54,7 +57,7 @@ def format_comparison(cmp: Any) -> str:
     return "\n".join(lines)
 
 
-def format_capacity(cap: Any) -> str:
+def format_capacity(cap: Capacity) -> str:
     """``routeaudit capacity``: Little's law with the observed service time and concurrency."""
     if cap.replicas is None:
         return ("not enough data: need successful executions with durations "

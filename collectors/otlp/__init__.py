@@ -8,15 +8,39 @@ one writer thread (group commit) → the store. A span is acknowledged only once
 """
 
 from collectors.otlp._collector import Collector, run_collector
-from collectors.otlp._errors import CollectorError, ConfigError, StartError
+from collectors.otlp._errors import (
+    BadRequest,
+    BodyTimeout,
+    BodyTooLarge,
+    CollectorError,
+    ConfigError,
+    ExportRefused,
+    Forbidden,
+    Overloaded,
+    QueueFull,
+    StartError,
+    Unauthenticated,
+    UnsupportedMediaType,
+    WriterUnavailable,
+)
 from collectors.otlp.config import CollectorConfig, default_config
 
 __all__ = [
     "Collector",
     "CollectorConfig",
-    "CollectorError",
-    "ConfigError",
-    "StartError",
     "default_config",
     "run_collector",
+    "BadRequest",
+    "BodyTimeout",
+    "BodyTooLarge",
+    "CollectorError",
+    "ConfigError",
+    "ExportRefused",
+    "Forbidden",
+    "Overloaded",
+    "QueueFull",
+    "StartError",
+    "Unauthenticated",
+    "UnsupportedMediaType",
+    "WriterUnavailable",
 ]

@@ -20,7 +20,7 @@ token. :mod:`collectors.otlp._status` maps the refusals to HTTP and gRPC statuse
 
 from __future__ import annotations
 
-from audit._errors import AuditError
+from audit import AuditError
 
 
 class CollectorError(AuditError):

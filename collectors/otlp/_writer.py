@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from audit._store import Store, without_null_columns
+from audit import Store, without_null_columns
 from collectors.otlp._errors import QueueFull, WriterUnavailable
 from collectors.otlp._metrics import Metrics
 from collectors.otlp._spool import Spool, SpoolError, encode_record

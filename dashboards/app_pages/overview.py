@@ -9,7 +9,7 @@ from dashboards import _ui
 
 st.title("Overview")
 slo = _ui.slo()
-st.caption(f"SLO: TTFT ≤ {slo['ttft_ms']:,.0f} ms and TPOT ≤ {slo['tpot_ms']:,.0f} ms; "
+st.caption(f"SLO: TTFT ≤ {slo.ttft_ms:,.0f} ms and TPOT ≤ {slo.tpot_ms:,.0f} ms; "
            "failures are counted apart from slow requests.")
 
 totals = _ui.query("overview_totals", slo)

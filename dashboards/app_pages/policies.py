@@ -28,13 +28,13 @@ a = cols[0].selectbox("Run A", names, index=0, key="policy_run_a")
 b = cols[1].selectbox("Run B", names, index=min(1, len(names) - 1), key="policy_run_b")
 chosen = list(dict.fromkeys([labels[a], labels[b]]))
 
-cmp = _ui.query("compare_runs", chosen, slo)
+cmp = _ui.query("run_summaries", chosen, slo)
 if _ui.empty(cmp):
     st.stop()
 if cmp.height == 2 and cmp["requests"][0] != cmp["requests"][1]:
     st.warning("The two runs have different request counts: are they replays of the same trace?")
 
-# One column per row of the comparison rather than per chosen run: compare_runs returns a row
+# One column per row of the comparison rather than per chosen run: run_summaries returns a row
 # only for the runs it finds, in a read (and cache entry) apart from run_list's, so the pairing
 # holds by construction and strict= can never fire.
 run_cols = st.columns(cmp.height)

@@ -50,7 +50,7 @@ cols = st.columns(5)
 cols[0].metric("Status", str(r["status"]))
 cols[1].metric("TTFT", _ui.fmt_ms(r["ttft_ms"]),
                delta=None if r["ttft_ms"] is None
-               else f"{r['ttft_ms'] - slo['ttft_ms']:+,.0f} ms vs SLO",
+               else f"{r['ttft_ms'] - slo.ttft_ms:+,.0f} ms vs SLO",
                delta_color="inverse")
 cols[2].metric("TPOT", _ui.fmt_ms(r["tpot_ms"]))
 cols[3].metric("E2E", _ui.fmt_ms(r["e2e_ms"]))

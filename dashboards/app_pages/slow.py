@@ -13,8 +13,8 @@ ALL = "(all)"
 
 st.title("Slow requests")
 slo = _ui.slo()
-st.caption(f"Requests that succeeded but missed TTFT ≤ {slo['ttft_ms']:,.0f} ms or "
-           f"TPOT ≤ {slo['tpot_ms']:,.0f} ms. Pick a row to open its drill-down.")
+st.caption(f"Requests that succeeded but missed TTFT ≤ {slo.ttft_ms:,.0f} ms or "
+           f"TPOT ≤ {slo.tpot_ms:,.0f} ms. Pick a row to open its drill-down.")
 
 opts = _ui.query("filter_options")
 if opts is None:

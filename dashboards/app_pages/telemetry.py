@@ -39,7 +39,7 @@ if by_router.height == 0:
 elif not _ui.has("herding_episodes"):
     st.info("The `herding_episodes` relation is not in this store yet (attribution layer).")
 else:
-    episodes = _ui.query("herding_episodes")
+    episodes = _ui.query("herding_episodes", _ui.TABLE_ROWS)
     if _ui.empty(episodes):
         st.success("No herding episodes detected.")
     else:

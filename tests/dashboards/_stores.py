@@ -312,6 +312,11 @@ _MART_SQL = {
 }
 
 
+JUDGEMENT = ("slo_targets", "int_attr_requests_judged")
+"""Relations every store has that judge the ``requests`` rows against the reader's SLO, in
+dependency order; views over the synthetic marts here, as in a real store."""
+
+
 def mart_store(path: Path, n: int = 400, *, attribution: bool = True,
                repeat_ids: bool = False) -> Path:
     """A store whose marts are synthetic tables of ``n`` requests (see module docstring);
@@ -336,6 +341,9 @@ def mart_store(path: Path, n: int = 400, *, attribution: bool = True,
         for name in order:
             params = [n, 2 if repeat_ids else 1] if name == "requests" else None
             con.execute(f"create table {name} as {_MART_SQL[name]}", params)
+        for rel in _relations.load_relations():  # the SLO judgement, from its own SQL
+            if rel.name in JUDGEMENT:
+                con.execute(f"create view {rel.name} as {rel.sql}")
         con.execute(
             "insert into routeaudit_meta values ('relations_version', ?)",
             [_relations.relations_version()],

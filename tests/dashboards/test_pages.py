@@ -270,9 +270,6 @@ def test_request_drilldown_of_a_repeated_request_id(monkeypatch: pytest.MonkeyPa
                                                  "request_key": both[1]})
     assert at.selectbox(key="drill_request_key").value == both[1]
     # however many requests share the id, the linked one is listed (first)
-    import audit
-    from audit import queries
-
     one = queries.request_matches(audit.open(db), "req-000004", limit=1, prefer=both[1])
     assert one["request_key"].to_list() == [both[1]] and one["matching"][0] == 2
 
@@ -304,7 +301,7 @@ def test_telemetry_says_when_herding_episodes_are_cut(monkeypatch: pytest.Monkey
                                                       mart_db: Path) -> None:
     """Past the table's cap the page keeps the largest episodes and says how many there are:
     an arbitrary subset (the relation has no order) would hide the worst herding."""
-    monkeypatch.setattr(queries, "TABLE_LIMIT", 2)
+    monkeypatch.setattr(_ui, "TABLE_ROWS", 2)
     at = open_page(monkeypatch, mart_db, "telemetry")
     episodes = [df.value for df in at.dataframe if "routers" in df.value.columns]
     assert list(episodes[0]["decisions"]) == [14, 11]
@@ -381,8 +378,6 @@ def test_sql_box_reads_and_refuses_writes(monkeypatch: pytest.MonkeyPatch, mart_
 def test_sql_examples_run(monkeypatch: pytest.MonkeyPatch, raw_db: Path) -> None:
     """On a store built from raw spans by the real relations, so raw tables and marts both hold
     rows."""
-    from audit import queries
-
     at = open_page(monkeypatch, raw_db, "sql")
     for name in queries.EXAMPLE_QUERIES:
         at.selectbox(key="sql_example").set_value(name).run()

@@ -1,6 +1,7 @@
--- slo_targets: one row. The SLO every attribution relation judges against.
--- The Python side sets the session variables (`set variable routeaudit_ttft_slo_ms = ...`);
--- unset variables fall back to the defaults below (TTFT 2000 ms, TPOT 100 ms).
+-- slo_targets: one row. The SLO every attribution relation (and every good / slow count of
+-- audit.queries) judges against. A reader sets the session variables (audit.SLO.variables());
+-- unset variables fall back to the defaults below, the only place they are written:
+-- audit.SLO() reads them from here.
 with
 
 targets as (

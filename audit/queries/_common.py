@@ -1,0 +1,146 @@
+"""What every page's queries share: running a query at an SLO, the judged requests, what
+relations exist, time buckets, the store's freshness."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import polars as pl
+
+from audit import _relations
+from audit._reads import Reads
+from audit._slo import SLO
+
+SCOPE_RUN_VARIABLE, SCOPE_REQUEST_VARIABLE = _relations.SCOPE_VARIABLES
+"""Session variables limiting the live attribution views to one run / one request."""
+
+TABLE_LIMIT: Final = 500
+"""Default row cap on tables shown to a person."""
+
+JUDGED: Final = "int_attr_requests_judged"
+"""The relation that judges each request against the SLO: ``is_ok``, ``is_good``, ``is_slow``,
+``total_excess_ms`` (ms over the targets) beside the ``requests`` columns. Every count of good
+or slow requests reads it, so the rule is the attribution layer's (docs/attribution.md, "SLO
+and goodput")."""
+
+REPLICA: Final = "coalesce(served_by, chosen_replica)"
+"""The replica a request ran on, else the one its router chose."""
+
+ATTR_COLUMNS: Final = ("request_key", "request_id", "run_id", "cause", "excess_ms", "is_primary")
+"""Columns of ``attributions`` the queries read."""
+
+OUTCOMES: Final = """
+    count(*) as requests,
+    count(*) filter (where is_ok) as ok,
+    count(*) filter (where not is_ok) as failed,
+    count(*) filter (where is_slow) as slow,
+    count(*) filter (where is_good) as good,
+    good / nullif(requests, 0) as attainment,
+    min(client_start) as first_at,
+    max(client_start) as last_at,
+    greatest(epoch(max(client_start)) - epoch(min(client_start)), 1e-3) as window_s,
+    good / window_s as goodput_rps,
+    quantile_cont(ttft_ms::double, 0.5) filter (where is_ok) as ttft_p50,
+    quantile_cont(ttft_ms::double, 0.9) filter (where is_ok) as ttft_p90,
+    quantile_cont(ttft_ms::double, 0.99) filter (where is_ok) as ttft_p99,
+    quantile_cont(tpot_ms::double, 0.5) filter (where is_ok) as tpot_p50,
+    quantile_cont(tpot_ms::double, 0.9) filter (where is_ok) as tpot_p90,
+    quantile_cont(tpot_ms::double, 0.99) filter (where is_ok) as tpot_p99"""
+"""Aggregates over judged requests: requests, ok, failed, slow, good, attainment (good /
+requests), first_at, last_at, window_s (first to last start, at least 1 ms), goodput_rps (good
+per second of the window), ttft/tpot p50/p90/p99 (ms, successful requests only)."""
+
+
+def query_at(reader: Reads, sql: str, params: Sequence[Any] | None = None, slo: SLO | None = None,
+        *, run: str | None = None, request: str | None = None) -> pl.DataFrame:
+    """One query at ``slo`` (None: the reader's own), so that the good/slow split and the causes
+    shown follow the same targets.
+
+    ``run`` / ``request``: the query reads only that run's / that request's rows, so the live
+    attribution computation (the one at a non-default SLO) may be limited to them
+    (``routeaudit_scope_run`` / ``routeaudit_scope_request``; docs/attribution.md): the same
+    rows, in a fraction of the time on a large store."""
+    scope = {name: value for name, value in ((SCOPE_RUN_VARIABLE, run),
+                                             (SCOPE_REQUEST_VARIABLE, request)) if value is not None}
+    return reader.query(sql, params, slo=slo, variables=scope or None)
+
+
+def relation_columns(reader: Reads) -> dict[str, list[str]]:
+    """Every relation visible to the reader (views, tables, temp ones) and its columns; a
+    temporary relation shadows the store's own of that name, as it does in queries."""
+    df = reader.query(
+        "select table_name, list(column_name order by ordinal_position) as columns "
+        "from information_schema.columns as c "
+        "where table_catalog = 'temp' or not exists (select 1 from information_schema.tables as t "
+        "where t.table_catalog = 'temp' and t.table_name = c.table_name) "
+        "group by table_name"
+    )
+    return {str(r["table_name"]): list(r["columns"]) for r in df.iter_rows(named=True)}
+
+
+def has_relation(reader: Reads, name: str, *columns: str,
+                 known: Mapping[str, list[str]] | None = None) -> bool:
+    """Whether relation ``name`` exists and has all ``columns``."""
+    rels = relation_columns(reader) if known is None else known
+    cols = rels.get(name)
+    return cols is not None and all(c in cols for c in columns)
+
+
+def width(column: str) -> str:
+    """CTE ``width``: start ``t0`` and bucket length ``bucket_s`` (s) that split the ``base``
+    rows' ``column`` window into as many buckets as the one bound parameter says."""
+    return (f"width as (select min({column}) as t0, greatest(1, ceil((epoch(max({column}))"
+            f" - epoch(min({column}))) / ?)) as bucket_s from base)")
+
+
+def bucket(column: str) -> str:
+    """Start of the time bucket ``column`` falls in (needs the ``width`` CTE)."""
+    return (f"to_timestamp(epoch(width.t0) + floor((epoch({column}) - epoch(width.t0))"
+            f" / width.bucket_s) * width.bucket_s)")
+
+
+def buckets_param(buckets: int) -> int:
+    """The bucket count bound to :func:`width`: at least one."""
+    return max(int(buckets), 1)
+
+
+def relations_freshness(reader: Reads) -> pl.DataFrame:
+    """How current the relations are, in one row: ``refreshed_at`` (their last rebuild),
+    ``spans_in_relations`` (the ``raw_spans`` rows it read), ``spans_stored`` (the rows now)
+    and ``spans_pending`` (stored and queryable in ``raw_spans``, not yet in the marts and the
+    attribution relations). Under sustained ingest a large store's rebuild runs minutes behind
+    (docs/architecture.md, "Freshness"). Nulls where the store cannot say: no rebuild yet, one
+    by a version that did not count, or spans deleted since (retention). Reads no relation, so
+    it never waits for a rebuild."""
+    return reader.query(
+        "select *, case when spans_stored >= spans_in_relations\n"
+        "               then spans_stored - spans_in_relations end as spans_pending\n"
+        "from (\n"
+        "    select\n"
+        "        to_timestamp(try_cast(max(value) filter (where key = 'refreshed_ns') as bigint)\n"
+        "                     / 1e9) as refreshed_at,\n"
+        "        try_cast(max(value) filter (where key = 'relations_spans') as bigint)\n"
+        "            as spans_in_relations,\n"
+        "        (select count(*) from raw_spans) as spans_stored\n"
+        "    from routeaudit_meta\n"
+        ") as meta"
+    )
+
+
+def describe_lag(fresh: pl.DataFrame, now: datetime | None = None) -> str | None:
+    """One sentence when :func:`relations_freshness`'s row says spans are stored that the
+    relations lack ("Relations rebuilt 3 min ago: 1,200 spans stored since then are not in them
+    yet."); None when they are current or the store cannot say."""
+    if fresh.height != 1:
+        return None
+    row = fresh.row(0, named=True)
+    pending, at = row["spans_pending"], row["refreshed_at"]
+    if not pending or pending <= 0 or at is None:
+        return None
+    age_s = max(0.0, ((now or datetime.now(UTC)) - at).total_seconds())
+    age = (f"{age_s:.0f} s" if age_s < 90 else f"{age_s / 60:.0f} min" if age_s < 5400
+           else f"{age_s / 3600:.1f} h")
+    spans = f"{pending:,} span{'s' if pending != 1 else ''} stored since then"
+    return f"Relations rebuilt {age} ago: {spans} {'are' if pending != 1 else 'is'} not in them yet."
