@@ -159,7 +159,7 @@ judged as (
         end as view_was_stale,
         least(
             s.actual_replica_ttft_ms - s.evicted_tokens * s.c_nominal_ms_per_token,
-            coalesce(s.a_ttft_est_ms, 'infinity'::double)
+            coalesce(s.a_ttft_est_ms, cast('infinity' as double))
         ) as best_available_ms,
         s.ttft_ms - s.replica_ttft_ms as client_gap_ms
     from compared as s
@@ -199,7 +199,8 @@ cause_misrouting as (
         case
             when view_was_stale then
                 printf(
-                    'router saw waiting=%s running=%s (pending %s) on %s at age %s ms; true waiting was %s, running %s. ',
+                    'router saw waiting=%s running=%s (pending %s) on %s at age %s ms; '
+                    || 'true waiting was %s, running %s. ',
                     coalesce(printf('%.0f', c_seen_waiting), '?'),
                     coalesce(printf('%.0f', c_seen_running), '?'),
                     coalesce(cast(c_seen_pending as varchar), '?'),
@@ -311,7 +312,8 @@ cause_overload as (
         min_wait_ms as excess_ms,
         0.7 as base_confidence,
         printf(
-            'every eligible candidate was busy: the shortest estimated wait was %.0f ms (%s) over %d candidates; TTFT %.0f ms vs SLO %.0f ms',
+            'every eligible candidate was busy: the shortest estimated wait was %.0f ms (%s) '
+            || 'over %d candidates; TTFT %.0f ms vs SLO %.0f ms',
             min_wait_ms,
             coalesce(min_wait_replica, chosen_replica),
             candidates,
@@ -337,7 +339,8 @@ cause_long_prompt as (
         ideal_prefill_ms - ttft_slo_ms as excess_ms,
         0.8 as base_confidence,
         printf(
-            'input %d tokens: even idle, the best replica (%s) needs %.0f ms of prefill, %.0f ms over the TTFT SLO of %.0f ms',
+            'input %d tokens: even idle, the best replica (%s) needs %.0f ms of prefill, '
+            || '%.0f ms over the TTFT SLO of %.0f ms',
             input_tokens,
             ideal_replica,
             ideal_prefill_ms,
@@ -475,7 +478,8 @@ cause_missing_evidence as (
         case
             when j.exec_span_id is null and j.replica_ttft_ms is null
                 then printf(
-                    'no replica span for this request (client seen: %s, router seen: %s): queue and prefill cannot be rebuilt',
+                    'no replica span for this request (client seen: %s, router seen: %s): '
+                    || 'queue and prefill cannot be rebuilt',
                     coalesce(cast(j.has_client as varchar), '?'),
                     coalesce(cast(j.has_router as varchar), '?')
                 )

@@ -55,7 +55,8 @@ final as (
         *,
         date_diff('microsecond', started_at, ended_at) / 1000.0 as span_ms,
         printf(
-            '%d decisions from %d router(s) onto %s on one telemetry sample (seen waiting %s); pending reflected at most %s; true waiting reached %d',
+            '%d decisions from %d router(s) onto %s on one telemetry sample (seen waiting %s); '
+            || 'pending reflected at most %s; true waiting reached %d',
             decisions,
             routers,
             replica,

@@ -80,6 +80,7 @@ calibration_replicas as (
             as decode_ms_per_token
     from calibration_chosen_fit
 ),
+
 calibration_fleet as (
     select
         c.run_id,
@@ -115,9 +116,11 @@ calibration_fleet as (
         on c.run_id is not distinct from i.run_id
     group by all
 ),
+
 scrapes as (
     select * from int_attr_replica_scrapes
 ),
+
 decisions as (
     select distinct
         request_key,

@@ -109,7 +109,7 @@ candidates_reconstructed as (
         p.replica,
         true as eligible,
         cast(null as varchar) as excluded_reason,
-        p.replica is not distinct from p.chosen_replica as chosen,
+        (p.replica is not distinct from p.chosen_replica) as chosen,
         s.waiting as seen_waiting,
         s.running as seen_running,
         s.kv_usage as seen_kv_usage,

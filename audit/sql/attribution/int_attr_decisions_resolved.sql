@@ -30,7 +30,9 @@ decisions_ranked as (
         d.attempt = max(d.attempt) over (partition by d.request_key) as is_final
     from all_decisions as d
     left join (
-        select request_key, any_value(run_id) as run_id from all_requests group by all
+        select request_key, any_value(run_id) as run_id
+        from all_requests
+        group by all
     ) as j
         on d.request_key = j.request_key
 ),

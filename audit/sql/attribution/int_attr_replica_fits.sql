@@ -30,6 +30,7 @@ calibration_points as (
     from timed
     where replica is not null
 ),
+
 calibration_per_replica as (
     select
         run_id,
@@ -58,6 +59,7 @@ calibration_per_replica as (
     from calibration_points
     group by all
 ),
+
 calibration_pooled as (
     select
         run_id,
@@ -84,6 +86,7 @@ calibration_pooled as (
     from calibration_points
     group by all
 ),
+
 speed_scale as (
     -- a replica's prefill ms/token relative to the run's median replica
     select
@@ -92,6 +95,7 @@ speed_scale as (
         median(fit_ratio) over (partition by run_id) / nullif(fit_ratio, 0) as scale
     from calibration_per_replica
 ),
+
 idle_points as (
     select
         p.run_id,
@@ -107,6 +111,7 @@ idle_points as (
         and p.replica = k.replica
     where p.uncached_tokens > 0 and p.prefill_ms is not null
 ),
+
 idle_moments as (
     select
         run_id,
@@ -122,6 +127,7 @@ idle_moments as (
     from idle_points
     group by all
 ),
+
 calibration_idle as (
     -- least squares prefill_ms = intercept + slope * uncached + attn * uncached * (cached +
     -- uncached / 2) (two regressors, closed form); a linear fit when they are collinear
@@ -143,6 +149,7 @@ calibration_idle as (
         m2 as idle_m2
     from idle_moments
 ),
+
 final as (
     select
         p.*,

@@ -6,7 +6,7 @@ having count(*) > 1
 
 union all
 
-select decision_id, 'decision_id', count(*)
+select decision_id as request_key, 'decision_id' as attempt, count(*) as row_count
 from decisions
 group by decision_id
 having count(*) > 1

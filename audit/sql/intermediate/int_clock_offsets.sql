@@ -36,7 +36,7 @@ reference_domain as materialized (
 
     select clock_domain
     from domains
-    order by client_spans desc, router_spans desc, spans desc, clock_domain
+    order by client_spans desc, router_spans desc, spans desc, clock_domain asc
     limit 1
 
 ),
@@ -108,13 +108,13 @@ offsets_level_1_candidates as materialized (
         directed_edges.from_domain as via_domain,
         row_number() over (
             partition by directed_edges.to_domain
-            order by directed_edges.pair_count desc, directed_edges.from_domain
+            order by directed_edges.pair_count desc, directed_edges.from_domain asc
         ) as preference
     from offsets_level_0
     inner join directed_edges
         on directed_edges.from_domain = offsets_level_0.clock_domain
     where directed_edges.to_domain not in (
-        select clock_domain from offsets_level_0
+        select reached.clock_domain from offsets_level_0 as reached
     )
 
 ),
@@ -133,6 +133,7 @@ offsets_level_1 as materialized (
     where preference = 1
 
 ),
+
 offsets_level_2_candidates as materialized (
 
     select
@@ -146,14 +147,15 @@ offsets_level_2_candidates as materialized (
         directed_edges.from_domain as via_domain,
         row_number() over (
             partition by directed_edges.to_domain
-            order by directed_edges.pair_count desc, directed_edges.from_domain
+            order by directed_edges.pair_count desc, directed_edges.from_domain asc
         ) as preference
     from offsets_level_1
     inner join directed_edges
         on directed_edges.from_domain = offsets_level_1.clock_domain
     where directed_edges.to_domain not in (
         select clock_domain from offsets_level_0
-        union all select clock_domain from offsets_level_1
+        union all
+        select reached.clock_domain from offsets_level_1 as reached
     )
 
 ),
@@ -172,6 +174,7 @@ offsets_level_2 as materialized (
     where preference = 1
 
 ),
+
 offsets_level_3_candidates as materialized (
 
     select
@@ -185,15 +188,17 @@ offsets_level_3_candidates as materialized (
         directed_edges.from_domain as via_domain,
         row_number() over (
             partition by directed_edges.to_domain
-            order by directed_edges.pair_count desc, directed_edges.from_domain
+            order by directed_edges.pair_count desc, directed_edges.from_domain asc
         ) as preference
     from offsets_level_2
     inner join directed_edges
         on directed_edges.from_domain = offsets_level_2.clock_domain
     where directed_edges.to_domain not in (
         select clock_domain from offsets_level_0
-        union all select clock_domain from offsets_level_1
-        union all select clock_domain from offsets_level_2
+        union all
+        select clock_domain from offsets_level_1
+        union all
+        select reached.clock_domain from offsets_level_2 as reached
     )
 
 ),
@@ -212,6 +217,7 @@ offsets_level_3 as materialized (
     where preference = 1
 
 ),
+
 offsets_level_4_candidates as materialized (
 
     select
@@ -225,16 +231,19 @@ offsets_level_4_candidates as materialized (
         directed_edges.from_domain as via_domain,
         row_number() over (
             partition by directed_edges.to_domain
-            order by directed_edges.pair_count desc, directed_edges.from_domain
+            order by directed_edges.pair_count desc, directed_edges.from_domain asc
         ) as preference
     from offsets_level_3
     inner join directed_edges
         on directed_edges.from_domain = offsets_level_3.clock_domain
     where directed_edges.to_domain not in (
         select clock_domain from offsets_level_0
-        union all select clock_domain from offsets_level_1
-        union all select clock_domain from offsets_level_2
-        union all select clock_domain from offsets_level_3
+        union all
+        select clock_domain from offsets_level_1
+        union all
+        select clock_domain from offsets_level_2
+        union all
+        select reached.clock_domain from offsets_level_3 as reached
     )
 
 ),
@@ -253,6 +262,7 @@ offsets_level_4 as materialized (
     where preference = 1
 
 ),
+
 offsets_reached as materialized (
 
     select * from offsets_level_0

@@ -55,7 +55,7 @@ executions_by_parent as materialized (
                 (replica_spans.self_replica = decisions_numbered.chosen_replica)
                 desc nulls last,
                 replica_spans.start_ns desc,
-                replica_spans.span_id
+                replica_spans.span_id asc
         ) as preference
     from decisions_numbered
     inner join replica_spans
@@ -73,7 +73,7 @@ executions_by_request as materialized (
         'request' as execution_match,
         row_number() over (
             partition by decisions_numbered.decision_id
-            order by replica_spans.corrected_start_ns desc, replica_spans.span_id
+            order by replica_spans.corrected_start_ns desc, replica_spans.span_id asc
         ) as preference
     from decisions_numbered
     inner join replica_spans

@@ -123,7 +123,7 @@ smg_server_spans as materialized (
 smg_decisions as materialized (
 
     select
-        smg.span_id || ':' || coalesce(sending.event_index::varchar, '-')
+        smg.span_id || ':' || coalesce(cast(sending.event_index as varchar), '-')
             as decision_id,
         smg.request_key,
         smg.trace_id,

@@ -15,12 +15,6 @@ decisions_source as not materialized (
 
 ),
 
-int_clock_offsets_source as not materialized (
-
-    select * from int_clock_offsets
-
-),
-
 int_spans_clock_corrected_source as not materialized (
 
     select * from int_spans_clock_corrected

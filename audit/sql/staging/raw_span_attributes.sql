@@ -25,6 +25,9 @@ final as (
         span_id,
         -- the typed values not already stored (the inner patch drops their NULLs) patched onto
         -- the stored object, so a stored key, null or not, stays as it is
+        -- noqa: disable=LT05
+        -- one attribute a line, key beside its column: tests/audit/test_raw_span_attributes.py
+        -- reads the pairs line by line to check them against audit/semconv.py
         json_merge_patch(coalesce(attributes, '{}'), json_merge_patch('{}', json_object(
             'routeaudit.component', if(list_contains(stored_keys, 'routeaudit.component'), null, a_component),
             'routeaudit.request.id', if(list_contains(stored_keys, 'routeaudit.request.id'), null, a_request_id),
@@ -92,6 +95,7 @@ final as (
             'code.namespace', if(list_contains(stored_keys, 'code.namespace'), null, a_code_namespace),
             'routeaudit.decision.candidates', if(list_contains(stored_keys, 'routeaudit.decision.candidates'), null, a_decision_candidates)
         ))) as attributes
+        -- noqa: enable=LT05
     from stored
 )
 

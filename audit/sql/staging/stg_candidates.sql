@@ -64,7 +64,7 @@ final as (
                 )
             else trim(raw_replica)
         end
-        || case when dp_rank > 0 then '#' || dp_rank::varchar else '' end
+        || case when dp_rank > 0 then '#' || cast(dp_rank as varchar) else '' end
             as replica,
         dp_rank,
         eligible,

@@ -15,7 +15,7 @@ snapshots_deduplicated as (
     from raw_snapshots_source
     qualify row_number() over (
         partition by target, dp_rank, scraped_ns
-        order by ok desc, error nulls first
+        order by ok desc, error asc nulls first
     ) = 1
 
 ),
@@ -42,7 +42,7 @@ final as (
                 )
             else trim(replica)
         end
-        || case when dp_rank > 0 then '#' || dp_rank::varchar else '' end
+        || case when dp_rank > 0 then '#' || cast(dp_rank as varchar) else '' end
             as replica,
         dp_rank,
         scraped_ns,

@@ -98,7 +98,7 @@ spans_with_aliases_resolved as (
             a_replica_id,
             a_url_full,
             a_backend_url,
-            a_server_address || ':' || a_server_port::varchar
+            a_server_address || ':' || cast(a_server_port as varchar)
         ) as raw_target,
         coalesce(a_replica_id, r_replica_id, service_instance_id, service_name)
             as raw_self_replica,
@@ -218,7 +218,7 @@ spans_with_replica_normalised as (
                 )
             else trim(raw_target)
         end
-        || case when dp_rank > 0 then '#' || dp_rank::varchar else '' end
+        || case when dp_rank > 0 then '#' || cast(dp_rank as varchar) else '' end
             as target_replica,
         case
             when nullif(trim(raw_self_replica), '') is null then null
@@ -241,7 +241,7 @@ spans_with_replica_normalised as (
                 )
             else trim(raw_self_replica)
         end
-        || case when dp_rank > 0 then '#' || dp_rank::varchar else '' end
+        || case when dp_rank > 0 then '#' || cast(dp_rank as varchar) else '' end
             as self_replica,
         case
             when nullif(trim(declared_chosen), '') is null then null
