@@ -91,6 +91,14 @@ def query(name: str, *args: Any, **kwargs: Any) -> Any:
         return None
 
 
+def query_or_stop(name: str, *args: Any, **kwargs: Any) -> Any:
+    """:func:`query` for what the rest of a page needs: on an error (shown) the page stops."""
+    result = query(name, *args, **kwargs)
+    if result is None:
+        st.stop()
+    return result
+
+
 def uncached(name: str, *args: Any, **kwargs: Any) -> Any:
     """Like :func:`query` without caching (user SQL); AuditError is shown, not raised."""
     try:

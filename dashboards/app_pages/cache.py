@@ -12,9 +12,7 @@ st.title("Cache")
 st.caption("Predicted cached tokens (router, at decision time) vs actual cached tokens "
            "(replica) for each request with both.")
 
-summary = _ui.query("cache_by_replica")
-if summary is None:
-    st.stop()
+summary = _ui.query_or_stop("cache_by_replica")
 if summary.height == 0:
     st.info("No requests with both predicted and actual cached tokens yet: does the router "
             "record `predicted_cached_tokens`, and does the replica report cached tokens?")

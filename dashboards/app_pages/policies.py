@@ -13,9 +13,7 @@ slo = _ui.slo()
 st.caption("Two runs replaying the same trace under different policies. Latency percentiles "
            "cover successful requests; failures are shown separately.")
 
-runs = _ui.query("run_list")
-if runs is None:
-    st.stop()
+runs = _ui.query_or_stop("run_list")
 if runs.height == 0:
     st.info("No runs in this store: requests carry no `run_id` (set it with the testbed or the "
             "load generator).")

@@ -19,9 +19,7 @@ if st.query_params.get("request_id") != request_id:
     st.query_params["request_id"] = request_id
 
 wanted = st.query_params.get("request_key") or st.session_state.get("request_key")
-matches = _ui.query("request_matches", request_id, prefer=wanted)
-if matches is None:
-    st.stop()
+matches = _ui.query_or_stop("request_matches", request_id, prefer=wanted)
 if matches.height == 0:
     st.warning(f"No request `{request_id}` in `requests`.")
     st.stop()

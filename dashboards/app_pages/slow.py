@@ -16,9 +16,7 @@ slo = _ui.slo()
 st.caption(f"Requests that succeeded but missed TTFT ≤ {slo.ttft_ms:,.0f} ms or "
            f"TPOT ≤ {slo.tpot_ms:,.0f} ms. Pick a row to open its drill-down.")
 
-opts = _ui.query("filter_options")
-if opts is None:
-    st.stop()
+opts = _ui.query_or_stop("filter_options")
 if opts["first_at"] is None:
     st.info(_ui.NO_REQUESTS)
     st.stop()

@@ -10,9 +10,7 @@ from dashboards import _ui
 st.title("Telemetry")
 st.caption("Telemetry age: how old each candidate's load data was at the decision instant.")
 
-by_router = _ui.query("telemetry_age_by_router")
-if by_router is None:
-    st.stop()
+by_router = _ui.query_or_stop("telemetry_age_by_router")
 if by_router.height == 0:
     st.info(_ui.NO_DECISIONS + " (or its candidates carry no telemetry age)")
 else:
