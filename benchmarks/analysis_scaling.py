@@ -175,8 +175,7 @@ def timed_refresh(path: Path) -> tuple[float, list[tuple[str, str, float]]]:
 
 
 def measure(path: Path, n: int, query_timeout_s: float) -> dict[str, Any]:
-    from audit._slo import load_slo
-    from audit._store import Store
+    from audit import Store, load_slo
 
     res: dict[str, Any] = {}
     res["refresh_by_relation_s"], res["relations"] = timed_refresh(path)

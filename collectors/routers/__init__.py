@@ -10,9 +10,9 @@
 Nothing here imports the routers themselves at import time.
 """
 
+from ._errors import RouterStartError
 from ._process import (
     RouterProcess,
-    RouterStartError,
     free_port,
     free_ports,
     smg_available,

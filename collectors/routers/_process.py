@@ -30,6 +30,8 @@ from typing import IO, Final, Self
 from urllib.error import HTTPError, URLError
 from urllib.request import urlopen
 
+from ._errors import RouterStartError
+
 __all__ = [
     "RouterProcess",
     "RouterStartError",
@@ -50,10 +52,6 @@ STOP_GRACE_S: Final = 10.0
 _LIVE: set[RouterProcess] = set()
 _LIVE_LOCK = threading.Lock()
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class RouterStartError(RuntimeError):
-    """The router exited or never became ready; the message ends with the tail of its log."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
