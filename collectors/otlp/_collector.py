@@ -245,7 +245,11 @@ class Collector:
 
     def _refresh_loop(self, store: Store) -> None:
         """Rebuild the relations while rows arrive, paced by ``store.refresh_gap_s`` (own thread)."""
-        while not self._refresh_stop.wait(store.refresh_gap_s):
+        while True:
+            gap = store.refresh_gap_s
+            if self._refresh_stop.wait(gap):
+                return
+            self.metrics.inc("background_refresh_pause_seconds", gap)
             try:
                 if store.refresh_if_due():
                     self.metrics.last_refresh_s = store.last_refresh_s

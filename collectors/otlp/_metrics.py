@@ -39,6 +39,8 @@ _COUNTERS = {
     "background_refreshes": "Rebuilds of the relations by the background thread (paced by refresh_max_share)",
     "background_refresh_failures": "Background rebuilds that failed (retried after growing pauses)",
     "background_refresh_seconds": "Seconds spent in those rebuilds (its rate is the share of the time they take)",
+    "background_refresh_pause_seconds": "Seconds the background refresher paused between its checks "
+                                        "(the pacing that refresh_max_share and failures set)",
     "spool_replayed_spans": "Spans replayed from the spool into the store at start "
                             "(acknowledged before a crash or stop)",
     "internal_errors": "Requests that hit a bug (answered 500 or treated as undecodable); should stay 0",
