@@ -16,6 +16,8 @@ token. :mod:`collectors.otlp._status` maps the refusals to HTTP and gRPC statuse
     ├── QueueFull               the writer's queue is full (retryable)       → 429 / RESOURCE_EXHAUSTED
     ├── Overloaded              the in-flight byte budget is spent (retryable) → 429 / RESOURCE_EXHAUSTED
     └── WriterUnavailable       the writer failed, timed out or is stopping (retryable) → 503 / UNAVAILABLE
+
+    SpoolError                  the spool folder cannot be used (the writer then writes to the store)
 """
 
 from __future__ import annotations
@@ -74,3 +76,7 @@ class Overloaded(ExportRefused):
 
 class WriterUnavailable(ExportRefused):
     """The writer failed to commit, did not commit in time, or is shutting down; retry later."""
+
+
+class SpoolError(Exception):
+    """The spool folder cannot be used (not writable, not ours)."""

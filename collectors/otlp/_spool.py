@@ -36,7 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from collectors.otlp._errors import WriterUnavailable
+from collectors.otlp._errors import SpoolError, WriterUnavailable
 
 log = logging.getLogger("routeaudit.collector")
 
@@ -50,10 +50,6 @@ _MAGIC = b"RAS1"
 _HEADER = struct.Struct("<4sII")  # magic, payload length, crc32(payload)
 _LEN = struct.Struct("<I")
 _SEGMENT = re.compile(r"^(\d{12})\.seg$")
-
-
-class SpoolError(Exception):
-    """The spool folder cannot be used (not writable, not ours)."""
 
 
 def spool_path(db_path: str | os.PathLike[str]) -> Path:

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from audit import Store, without_null_columns
-from collectors.otlp._errors import QueueFull, WriterUnavailable
+from collectors.otlp._errors import QueueFull, SpoolError, WriterUnavailable
 from collectors.otlp._metrics import Metrics
-from collectors.otlp._spool import Spool, SpoolError, encode_record
+from collectors.otlp._spool import Spool, encode_record
 from collectors.otlp._status import one_line
 
 log = logging.getLogger("routeaudit.collector")
