@@ -1,12 +1,12 @@
 -- int_clock_offsets: one row per clock domain (grain: clock_domain) with its offset from the
 -- reference domain: corrected_ns = observed_ns - offset_ns. The reference is the domain with
 -- the most client spans, else the most router spans, else the most spans (ties: name).
--- Offsets propagate breadth-first from the reference over int_clock_bounds_per_domain_pair,
--- unrolled to 4 hops (client -> router -> replica is 2); each domain is reached through the
--- neighbour with the most span pairs. Status: reference / bounded / inconsistent (an edge on
--- its path or touching it has empty bounds: clock jump or drift) / unbounded (not connected to
--- the reference: offset taken as 0). See docs/clock.md.
-with
+-- Offsets propagate breadth-first from the reference over int_clock_bounds_per_domain_pair, a
+-- recursive walk with no hop limit (client -> router -> replica is 2); each domain is reached
+-- by the fewest hops, through the neighbour with the most span pairs. Status: reference /
+-- bounded / inconsistent (an edge on its path or touching it has empty bounds: clock jump or
+-- drift) / unbounded (not connected to the reference: offset taken as 0). See docs/clock.md.
+with recursive
 
 stg_spans_source as not materialized (
 
@@ -81,7 +81,11 @@ domains_with_inconsistent_edges as materialized (
 
 ),
 
-offsets_level_0 as materialized (
+-- Breadth-first, one level per iteration: every row of a level carries the domains reached
+-- so far (the same list on each), so a level reaches only domains no earlier level did, each
+-- through its neighbour with the most span pairs (ties: name). The walk ends when a level
+-- reaches no new domain: at most one level per domain, with no limit on the path length.
+offsets_reached as (
 
     select
         clock_domain,
@@ -90,190 +94,36 @@ offsets_level_0 as materialized (
         cast(0 as bigint) as upper_ns,
         true as path_consistent,
         0 as hops,
-        cast(null as varchar) as via_domain
+        cast(null as varchar) as via_domain,
+        [clock_domain] as domains_reached
     from reference_domain
 
-),
-
-offsets_level_1_candidates as materialized (
+    union all
 
     select
         directed_edges.to_domain as clock_domain,
-        offsets_level_0.offset_ns + directed_edges.delta_ns as offset_ns,
-        offsets_level_0.lower_ns + directed_edges.delta_lower_ns as lower_ns,
-        offsets_level_0.upper_ns + directed_edges.delta_upper_ns as upper_ns,
-        offsets_level_0.path_consistent and directed_edges.is_consistent
+        offsets_reached.offset_ns + directed_edges.delta_ns as offset_ns,
+        offsets_reached.lower_ns + directed_edges.delta_lower_ns as lower_ns,
+        offsets_reached.upper_ns + directed_edges.delta_upper_ns as upper_ns,
+        offsets_reached.path_consistent and directed_edges.is_consistent
             as path_consistent,
-        1 as hops,
+        offsets_reached.hops + 1 as hops,
         directed_edges.from_domain as via_domain,
-        row_number() over (
-            partition by directed_edges.to_domain
-            order by directed_edges.pair_count desc, directed_edges.from_domain asc
-        ) as preference
-    from offsets_level_0
+        list_concat(
+            offsets_reached.domains_reached,
+            list(distinct directed_edges.to_domain) over ()
+        ) as domains_reached
+    from offsets_reached
     inner join directed_edges
-        on directed_edges.from_domain = offsets_level_0.clock_domain
-    where directed_edges.to_domain not in (
-        select reached.clock_domain from offsets_level_0 as reached
-    )
-
-),
-
-offsets_level_1 as materialized (
-
-    select
-        clock_domain,
-        offset_ns,
-        lower_ns,
-        upper_ns,
-        path_consistent,
-        hops,
-        via_domain
-    from offsets_level_1_candidates
-    where preference = 1
-
-),
-
-offsets_level_2_candidates as materialized (
-
-    select
-        directed_edges.to_domain as clock_domain,
-        offsets_level_1.offset_ns + directed_edges.delta_ns as offset_ns,
-        offsets_level_1.lower_ns + directed_edges.delta_lower_ns as lower_ns,
-        offsets_level_1.upper_ns + directed_edges.delta_upper_ns as upper_ns,
-        offsets_level_1.path_consistent and directed_edges.is_consistent
-            as path_consistent,
-        2 as hops,
-        directed_edges.from_domain as via_domain,
-        row_number() over (
-            partition by directed_edges.to_domain
-            order by directed_edges.pair_count desc, directed_edges.from_domain asc
-        ) as preference
-    from offsets_level_1
-    inner join directed_edges
-        on directed_edges.from_domain = offsets_level_1.clock_domain
-    where directed_edges.to_domain not in (
-        select clock_domain from offsets_level_0
-        union all
-        select reached.clock_domain from offsets_level_1 as reached
-    )
-
-),
-
-offsets_level_2 as materialized (
-
-    select
-        clock_domain,
-        offset_ns,
-        lower_ns,
-        upper_ns,
-        path_consistent,
-        hops,
-        via_domain
-    from offsets_level_2_candidates
-    where preference = 1
-
-),
-
-offsets_level_3_candidates as materialized (
-
-    select
-        directed_edges.to_domain as clock_domain,
-        offsets_level_2.offset_ns + directed_edges.delta_ns as offset_ns,
-        offsets_level_2.lower_ns + directed_edges.delta_lower_ns as lower_ns,
-        offsets_level_2.upper_ns + directed_edges.delta_upper_ns as upper_ns,
-        offsets_level_2.path_consistent and directed_edges.is_consistent
-            as path_consistent,
-        3 as hops,
-        directed_edges.from_domain as via_domain,
-        row_number() over (
-            partition by directed_edges.to_domain
-            order by directed_edges.pair_count desc, directed_edges.from_domain asc
-        ) as preference
-    from offsets_level_2
-    inner join directed_edges
-        on directed_edges.from_domain = offsets_level_2.clock_domain
-    where directed_edges.to_domain not in (
-        select clock_domain from offsets_level_0
-        union all
-        select clock_domain from offsets_level_1
-        union all
-        select reached.clock_domain from offsets_level_2 as reached
-    )
-
-),
-
-offsets_level_3 as materialized (
-
-    select
-        clock_domain,
-        offset_ns,
-        lower_ns,
-        upper_ns,
-        path_consistent,
-        hops,
-        via_domain
-    from offsets_level_3_candidates
-    where preference = 1
-
-),
-
-offsets_level_4_candidates as materialized (
-
-    select
-        directed_edges.to_domain as clock_domain,
-        offsets_level_3.offset_ns + directed_edges.delta_ns as offset_ns,
-        offsets_level_3.lower_ns + directed_edges.delta_lower_ns as lower_ns,
-        offsets_level_3.upper_ns + directed_edges.delta_upper_ns as upper_ns,
-        offsets_level_3.path_consistent and directed_edges.is_consistent
-            as path_consistent,
-        4 as hops,
-        directed_edges.from_domain as via_domain,
-        row_number() over (
-            partition by directed_edges.to_domain
-            order by directed_edges.pair_count desc, directed_edges.from_domain asc
-        ) as preference
-    from offsets_level_3
-    inner join directed_edges
-        on directed_edges.from_domain = offsets_level_3.clock_domain
-    where directed_edges.to_domain not in (
-        select clock_domain from offsets_level_0
-        union all
-        select clock_domain from offsets_level_1
-        union all
-        select clock_domain from offsets_level_2
-        union all
-        select reached.clock_domain from offsets_level_3 as reached
-    )
-
-),
-
-offsets_level_4 as materialized (
-
-    select
-        clock_domain,
-        offset_ns,
-        lower_ns,
-        upper_ns,
-        path_consistent,
-        hops,
-        via_domain
-    from offsets_level_4_candidates
-    where preference = 1
-
-),
-
-offsets_reached as materialized (
-
-    select * from offsets_level_0
-    union all
-    select * from offsets_level_1
-    union all
-    select * from offsets_level_2
-    union all
-    select * from offsets_level_3
-    union all
-    select * from offsets_level_4
+        on offsets_reached.clock_domain = directed_edges.from_domain
+    where
+        not list_contains(
+            offsets_reached.domains_reached, directed_edges.to_domain
+        )
+    qualify row_number() over (
+        partition by directed_edges.to_domain
+        order by directed_edges.pair_count desc, directed_edges.from_domain asc
+    ) = 1
 
 ),
 
