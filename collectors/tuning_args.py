@@ -61,6 +61,9 @@ _LIST_FLAGS: Final[tuple[tuple[str, str, str, str], ...]] = (
      "a Host header name accepted besides the bound address (repeatable; * accepts any)"),
     ("--allow-origin", "allowed_origins", "ORIGIN",
      "a browser origin (scheme://host[:port]) allowed to call /routeaudit/query (repeatable)"),
+    ("--drop-attribute", "drop_attributes", "PATTERN",
+     "also drop attributes whose key is PATTERN, or starts with it when it ends in * (any case, "
+     "any nesting; repeatable; applies with --keep-prompts too)"),
 )
 
 

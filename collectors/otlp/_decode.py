@@ -16,9 +16,13 @@ import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Final
 
+import numpy as np
+import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -97,6 +101,11 @@ class PayloadError(ValueError):
     """The request body could not be decoded at all (answered 400)."""
 
 
+def one_line_reason(exc: BaseException) -> str:
+    """An exception's message on one line, at most 200 characters (it goes to the sender)."""
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
 @dataclass
 class DecodedBatch:
     """Columns for ``raw_spans`` and ``raw_span_events``, and what was rejected and why."""
@@ -106,10 +115,14 @@ class DecodedBatch:
     rejected: list[str] = field(default_factory=list)
     truncated_values: int = 0
     prompt_values_dropped: int = 0
-    """Prompt/completion attribute values dropped (privacy; see :func:`is_prompt_key`)."""
+    """Attribute values dropped for privacy (:data:`PROMPT_PATTERNS`, ``drop_attributes``), nested
+    ones included."""
     candidate_json_malformed: int = 0
     """Decision spans whose candidates attribute was not a JSON array of objects (kept verbatim,
     expanded to no candidate rows; see :mod:`collectors.otlp._candidate_events`)."""
+    duplicate_spans: int = 0
+    """Spans left out because an earlier span of the same request had the same trace and span
+    id (the first copy is stored, with its own events only)."""
 
     @property
     def accepted(self) -> int:
@@ -126,7 +139,8 @@ def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
     try:
         req.ParseFromString(body)
     except (DecodeError, ValueError, RuntimeError) as exc:
-        raise PayloadError(f"body is not a valid OTLP ExportTraceServiceRequest protobuf: {exc}") from exc
+        raise PayloadError("body is not a valid OTLP ExportTraceServiceRequest protobuf: "
+                           f"{one_line_reason(exc)}") from exc
     return req
 
 
@@ -143,9 +157,9 @@ def _hex_to_b64(value: Any, what: str) -> Any:
 def parse_json(body: bytes) -> ExportTraceServiceRequest:
     """Parse OTLP/JSON (hex ids, lowerCamelCase or snake_case keys, int64 as strings)."""
     try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise PayloadError(f"body is not valid JSON: {exc}") from exc
+        doc = orjson.loads(body)  # refuses invalid UTF-8 and lone surrogates (\\ud800)
+    except orjson.JSONDecodeError as exc:
+        raise PayloadError(f"body is not valid JSON: {one_line_reason(exc)}") from exc
     if not isinstance(doc, dict):
         raise PayloadError("OTLP/JSON body must be an object with 'resourceSpans'")
     fast = build_request(doc)  # the documents SDKs send, without json_format (×2.5)
@@ -191,8 +205,8 @@ def _parse_dict(doc: dict[str, Any]) -> ExportTraceServiceRequest:
     req = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(doc, req, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
-        raise PayloadError(f"JSON is not an OTLP ExportTraceServiceRequest: {exc}") from exc
+    except (json_format.ParseError, ValueError, TypeError, RecursionError, AttributeError) as exc:
+        raise PayloadError(f"JSON is not an OTLP ExportTraceServiceRequest: {one_line_reason(exc)}") from exc
     return req
 
 
@@ -206,39 +220,81 @@ def _list(obj: Any, *keys: str) -> list[Any]:
     return []
 
 
-PROMPT_KEYS: Final = frozenset({
+PROMPT_PATTERNS: Final = (
+    # OpenTelemetry GenAI semantic conventions
     "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions",
-    "llm.prompts", "input.value", "output.value",
-})
-"""Attribute keys that carry prompt or completion text; dropped unless ``keep_prompts``."""
-PROMPT_KEY_PREFIXES: Final = ("gen_ai.prompt", "gen_ai.completion", "llm.input_messages",
-                              "llm.output_messages")
-"""Key prefixes that carry prompt or completion text (``gen_ai.prompt.0.content``,
-``llm.input_messages.0.message.content``, ...); dropped unless ``keep_prompts``."""
+    "gen_ai.prompt*", "gen_ai.completion*", "gen_ai.choice*",
+    "gen_ai.tool.call.arguments", "gen_ai.tool.call.result",
+    # OpenLLMetry (Traceloop)
+    "traceloop.entity.input", "traceloop.entity.output",
+    "llm.prompts*", "llm.completions*", "llm.prompt_template*",
+    # OpenInference (Arize Phoenix)
+    "input.value", "output.value", "llm.input_messages*", "llm.output_messages*",
+)
+"""Attribute keys that carry prompt or completion text, the one list of them. A pattern is a
+whole key, or a key prefix when it ends in ``*``; ASCII letters match in either case. A matching
+attribute is dropped (and counted) wherever it is: on a span, event, link or resource, or inside
+a kvlist value at any depth, unless the collector keeps prompts (``keep_prompts``). Users add
+patterns of the same form (``drop_attributes``, ``--drop-attribute``); those apply always."""
 
-_SENSITIVE_CACHE: dict[str, bool] = {}
-_SENSITIVE_CACHE_MAX = 65_536
+PROMPT_KEYS: Final = frozenset(p for p in PROMPT_PATTERNS if not p.endswith("*"))
+"""The patterns of :data:`PROMPT_PATTERNS` that are whole keys."""
 
 
-def is_prompt_key(key: str) -> bool:
-    """Whether an attribute key names prompt or completion text (see :data:`PROMPT_KEYS`)."""
-    hit = _SENSITIVE_CACHE.get(key)
+def check_pattern(pattern: str) -> str | None:
+    """Why ``pattern`` is not a valid attribute key pattern, or None when it is."""
+    if not isinstance(pattern, str) or not pattern.strip(" *") or not pattern.isprintable():
+        return "must be a non-empty printable key"
+    if "*" in pattern[:-1]:
+        return "may hold '*' only at its end (a key prefix)"
+    return None
+
+
+@lru_cache(maxsize=64)
+def drop_patterns(keep_prompts: bool, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The patterns a decode drops, lower case: :data:`PROMPT_PATTERNS` (unless
+    ``keep_prompts``) and ``extra``."""
+    chosen = extra if keep_prompts else PROMPT_PATTERNS + extra
+    return tuple(dict.fromkeys(p.lower() for p in chosen))
+
+
+_MATCH_CACHE: dict[tuple[tuple[str, ...], str], bool] = {}
+_MATCH_CACHE_MAX = 65_536
+
+
+def _ascii_lower(key: str) -> str:
+    return key.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER: Final = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}
+
+
+def matches(patterns: tuple[str, ...], key: str) -> bool:
+    """Whether ``key`` matches one of ``patterns`` (lower case, from :func:`drop_patterns`)."""
+    hit = _MATCH_CACHE.get((patterns, key))
     if hit is None:
-        hit = key in PROMPT_KEYS or key.startswith(PROMPT_KEY_PREFIXES)
-        if len(_SENSITIVE_CACHE) >= _SENSITIVE_CACHE_MAX:
-            _SENSITIVE_CACHE.clear()  # bounded: keys are attacker-chosen
-        _SENSITIVE_CACHE[key] = hit
+        low = _ascii_lower(key)
+        hit = any(low.startswith(p[:-1]) if p.endswith("*") else low == p for p in patterns)
+        if len(_MATCH_CACHE) >= _MATCH_CACHE_MAX:
+            _MATCH_CACHE.clear()  # bounded: keys are the sender's choice
+        _MATCH_CACHE[(patterns, key)] = hit
     return hit
 
 
-class _ValueConverter:
-    """AnyValue → plain Python, with depth and size limits; counts truncations and (unless
-    ``keep_prompts``) drops prompt/completion attributes, counting them."""
+def is_prompt_key(key: str) -> bool:
+    """Whether an attribute key names prompt or completion text (:data:`PROMPT_PATTERNS`)."""
+    return matches(drop_patterns(False), key)
 
-    def __init__(self, keep_prompts: bool = False) -> None:
+
+class _ValueConverter:
+    """AnyValue → plain Python, with depth and size limits; counts truncations and drops the
+    attributes :func:`drop_patterns` names (at any depth), counting them."""
+
+    def __init__(self, keep_prompts: bool = False, drop_attributes: tuple[str, ...] = ()) -> None:
         self.truncated = 0
         self.prompts_dropped = 0
         self.keep_prompts = keep_prompts
+        self.patterns = drop_patterns(keep_prompts, drop_attributes)
         self.apart_string = False
         """Whether the last span attributes read held :data:`_APART` as a string value (bytes,
         which become a base64 string, stay in the attributes JSON)."""
@@ -278,7 +334,14 @@ class _ValueConverter:
                     out.append(self.convert(x, depth + 1))
             return out
         if which == "kvlist_value":
-            return {kv.key: self.convert(kv.value, depth + 1) for kv in v.kvlist_value.values}
+            patterns = self.patterns
+            obj: dict[str, Any] = {}
+            for kv in v.kvlist_value.values:
+                if patterns and matches(patterns, kv.key):
+                    self.prompts_dropped += 1
+                    continue
+                obj[kv.key] = self.convert(kv.value, depth + 1)
+            return obj
         if which == "bytes_value":
             return base64.b64encode(v.bytes_value[:MAX_STRING_LEN]).decode("ascii")
         return None
@@ -289,17 +352,12 @@ class _ValueConverter:
         out: dict[str, Any] = {}
         if span:
             self.apart_string = False
-        sensitive = _SENSITIVE_CACHE
-        keep = self.keep_prompts
+        patterns = self.patterns
         for kv in kvs:
             key = kv.key
-            if not keep:
-                hit = sensitive.get(key)
-                if hit is None:
-                    hit = is_prompt_key(key)
-                if hit:
-                    self.prompts_dropped += 1
-                    continue
+            if patterns and matches(patterns, key):
+                self.prompts_dropped += 1
+                continue
             v = kv.value
             which = v.WhichOneof("value")
             if span and key == _APART:  # the last of repeated keys counts, as in the dict
@@ -415,14 +473,16 @@ _EVENT_FIXED = ("trace_id", "span_id", "event_index", "name", "time_ns", "attrib
 
 
 def decode(req: ExportTraceServiceRequest, received_ns: int, *,
-           keep_prompts: bool = False) -> DecodedBatch:
+           keep_prompts: bool = False, drop_attributes: tuple[str, ...] = ()) -> DecodedBatch:
     """Flatten a parsed request into raw store columns; reject bad spans individually.
 
-    Unless ``keep_prompts``, attributes whose key names prompt or completion text
-    (:func:`is_prompt_key`) are dropped from spans, events, links and resources, and counted in
-    :attr:`DecodedBatch.prompt_values_dropped`.
+    Attributes whose key matches :data:`PROMPT_PATTERNS` (unless ``keep_prompts``) or
+    ``drop_attributes`` are dropped from spans, events, links, resources and kvlist values at
+    any depth, and counted in :attr:`DecodedBatch.prompt_values_dropped`. A span whose trace
+    and span id an earlier span of the request had is left out with its events
+    (:attr:`DecodedBatch.duplicate_spans`).
     """
-    conv = _ValueConverter(keep_prompts)
+    conv = _ValueConverter(keep_prompts, tuple(drop_attributes))
     attrs_of = conv.attrs
     rows: list[tuple[Any, ...]] = []          # one tuple per span, in _SPAN_FIXED order
     span_attrs: list[dict[str, Any]] = []
@@ -533,12 +593,13 @@ def decode(req: ExportTraceServiceRequest, received_ns: int, *,
         else {name: [] for name in _EVENT_FIXED}
     _typed_columns(event_cols, ev_attrs_all, semconv.TYPED_EVENT_ATTRIBUTES)
 
-    spans = pa.Table.from_pydict(span_cols, schema=RAW_SPANS_SCHEMA)
-    events_tbl = pa.Table.from_pydict(event_cols, schema=RAW_SPAN_EVENTS_SCHEMA)
+    spans, events_tbl, copies = _first_copies(
+        pa.Table.from_pydict(span_cols, schema=RAW_SPANS_SCHEMA),
+        pa.Table.from_pydict(event_cols, schema=RAW_SPAN_EVENTS_SCHEMA))
     spans, events_tbl, malformed = _candidate_events.expand(spans, events_tbl)
     return DecodedBatch(spans=spans, events=events_tbl, rejected=rejected,
                         truncated_values=conv.truncated, prompt_values_dropped=conv.prompts_dropped,
-                        candidate_json_malformed=malformed)
+                        candidate_json_malformed=malformed, duplicate_spans=copies)
 
 
 # --------------------------------------------------------------------------------------------
@@ -593,31 +654,36 @@ class _NativeConfig:
 _native_cfg: _NativeConfig | None = None
 
 
-def _snapshot() -> tuple[Any, ...]:
+_native_cfgs: dict[tuple[str, ...], _NativeConfig] = {}
+
+
+def _snapshot(patterns: tuple[str, ...]) -> tuple[Any, ...]:
     return (dict(semconv.TYPED_SPAN_ATTRIBUTES), dict(semconv.TYPED_RESOURCE_ATTRIBUTES),
-            dict(semconv.TYPED_EVENT_ATTRIBUTES), frozenset(PROMPT_KEYS), tuple(PROMPT_KEY_PREFIXES),
+            dict(semconv.TYPED_EVENT_ATTRIBUTES), patterns,
             MAX_STRING_LEN, MAX_APART_LEN, MAX_SPAN_ATTR_BYTES, _MIN_NS, _MAX_NS)
 
 
-def _native_config() -> _NativeConfig:
-    """The C decoder's tables, rebuilt whenever the registries (or limits) changed."""
-    global _native_cfg
-    cfg = _native_cfg
+def _native_config(patterns: tuple[str, ...]) -> _NativeConfig:
+    """The C decoder's tables for these drop patterns, rebuilt whenever the registries (or
+    limits) changed."""
+    cfg = _native_cfgs.get(patterns)
     if cfg is not None:
         snap = cfg.snapshot
         if (snap[0] == semconv.TYPED_SPAN_ATTRIBUTES and snap[1] == semconv.TYPED_RESOURCE_ATTRIBUTES
-                and snap[2] == semconv.TYPED_EVENT_ATTRIBUTES and snap[3] == PROMPT_KEYS
-                and snap[4] == tuple(PROMPT_KEY_PREFIXES)
-                and snap[5:] == (MAX_STRING_LEN, MAX_APART_LEN, MAX_SPAN_ATTR_BYTES, _MIN_NS, _MAX_NS)):
+                and snap[2] == semconv.TYPED_EVENT_ATTRIBUTES
+                and snap[4:] == (MAX_STRING_LEN, MAX_APART_LEN, MAX_SPAN_ATTR_BYTES, _MIN_NS, _MAX_NS)):
             return cfg
-    snap = _snapshot()
+    snap = _snapshot(patterns)
     items = tuple(tuple(d.items()) for d in snap[:3])
     span_kinds, res_kinds, ev_kinds = ([(key, _KIND_OF_TYPE.get(typ, 4)) for key, (_col, typ) in its]
                                        for its in items)
-    capsule = _native.make_config((span_kinds, res_kinds, ev_kinds), sorted(snap[3]), list(snap[4]), [_APART],
-                                  sorted(stored_once(snap[0])), *snap[5:])
+    exact = sorted(p for p in patterns if not p.endswith("*"))  # exact-bytes fast path; lower case
+    capsule = _native.make_config((span_kinds, res_kinds, ev_kinds), exact, list(patterns), [_APART],
+                                  sorted(stored_once(snap[0])), *snap[4:])
     cfg = _NativeConfig(snap, capsule, items[0], items[1], items[2])
-    _native_cfg = cfg
+    if len(_native_cfgs) >= 16:  # a collector uses one or two; tests more
+        _native_cfgs.clear()
+    _native_cfgs[patterns] = cfg
     return cfg
 
 
@@ -652,17 +718,20 @@ def _native_typed(cols: dict[str, Any], items: tuple[tuple[str, tuple[str, str]]
             cols[col] = _arrow(spec, schema.field(col).type if spec[0] >= 4 and col in names else None)
 
 
-def decode_protobuf(body: bytes, received_ns: int, *, keep_prompts: bool = False) -> DecodedBatch:
+def decode_protobuf(body: bytes, received_ns: int, *, keep_prompts: bool = False,
+                    drop_attributes: tuple[str, ...] = ()) -> DecodedBatch:
     """Decode a binary ``ExportTraceServiceRequest`` straight from its bytes.
 
-    Same result as ``decode(parse_protobuf(body), received_ns, keep_prompts=...)`` (equal
-    tables, rejections and counters; :class:`PayloadError` for undecodable bodies), computed by
-    the native decoder when it is built and the body holds nothing it leaves to Python;
-    otherwise by exactly that call (counted in :func:`native_fallbacks`).
+    Same result as ``decode(parse_protobuf(body), received_ns, keep_prompts=...,
+    drop_attributes=...)`` (equal tables, rejections and counters; :class:`PayloadError` for
+    undecodable bodies), computed by the native decoder when it is built and the body holds
+    nothing it leaves to Python; otherwise by exactly that call (counted in
+    :func:`native_fallbacks`).
     """
     if _native is not None and _INT64_MIN <= received_ns <= _INT64_MAX:
-        cfg = _native_config()
-        out = _native.decode(body, cfg.capsule, keep_prompts, received_ns)
+        patterns = drop_patterns(keep_prompts, tuple(drop_attributes))
+        cfg = _native_config(patterns)
+        out = _native.decode(body, cfg.capsule, not patterns, received_ns)
         if out is not None:
             sfixed, rtyped, styped, efixed, etyped, rejected, truncated, prompts = out
             span_cols: dict[str, Any] = {
@@ -672,11 +741,39 @@ def decode_protobuf(body: bytes, received_ns: int, *, keep_prompts: bool = False
             _native_typed(span_cols, cfg.span_items, styped, RAW_SPANS_SCHEMA)
             event_cols: dict[str, Any] = {name: _arrow(spec) for name, spec in zip(_EVENT_FIXED, efixed, strict=True)}
             _native_typed(event_cols, cfg.ev_items, etyped, RAW_SPAN_EVENTS_SCHEMA)
-            spans = pa.Table.from_pydict(span_cols, schema=RAW_SPANS_SCHEMA)
-            spans, events, malformed = _candidate_events.expand(
-                spans, pa.Table.from_pydict(event_cols, schema=RAW_SPAN_EVENTS_SCHEMA))
+            spans, events, copies = _first_copies(
+                pa.Table.from_pydict(span_cols, schema=RAW_SPANS_SCHEMA),
+                pa.Table.from_pydict(event_cols, schema=RAW_SPAN_EVENTS_SCHEMA))
+            spans, events, malformed = _candidate_events.expand(spans, events)
             return DecodedBatch(
                 spans=spans, events=events, rejected=rejected, truncated_values=truncated,
-                prompt_values_dropped=prompts, candidate_json_malformed=malformed)
+                prompt_values_dropped=prompts, candidate_json_malformed=malformed,
+                duplicate_spans=copies)
     _count_fallback()
-    return decode(parse_protobuf(body), received_ns, keep_prompts=keep_prompts)
+    return decode(parse_protobuf(body), received_ns, keep_prompts=keep_prompts,
+                  drop_attributes=drop_attributes)
+
+
+def _first_copies(spans: pa.Table, events: pa.Table) -> tuple[pa.Table, pa.Table, int]:
+    """``spans`` without the later copies of a (trace id, span id) the request repeats, and
+    ``events`` without those copies' events (rows of a span follow its ``event_count``, in span
+    order, as both decoders write them); and how many copies were left out. The store keeps
+    the first copy of a span; without this, it also kept every copy's events (their keys are
+    the same ids and indexes, so the union of all copies' events was stored)."""
+    n = spans.num_rows
+    if n < 2:
+        return spans, events, 0
+    keys = pc.binary_join_element_wise(spans.column("trace_id"), spans.column("span_id"), "")
+    if pc.count_distinct(keys).as_py() == n:
+        return spans, events, 0
+    seen: set[str] = set()
+    keep = np.ones(n, bool)
+    for i, key in enumerate(keys.to_pylist()):
+        if key in seen:
+            keep[i] = False
+        seen.add(key)
+    counts = np.asarray(pc.fill_null(spans.column("event_count"), 0).to_numpy(), np.int64)
+    if counts.sum() != events.num_rows:  # pragma: no cover - both decoders write them so
+        raise ValueError("event rows do not follow the spans' event counts")
+    return (spans.filter(pa.array(keep)), events.filter(pa.array(np.repeat(keep, counts))),
+            int(n - keep.sum()))

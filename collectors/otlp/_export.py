@@ -101,7 +101,7 @@ class Exporter:
 
 
 def decode_request(req: ExportTraceServiceRequest, metrics: Metrics, *,
-                   keep_prompts: bool = False) -> DecodedBatch:
+                   keep_prompts: bool = False, drop_attributes: tuple[str, ...] = ()) -> DecodedBatch:
     """Decode a parsed request; a decoder crash is logged, counted and answered as undecodable.
 
     The decoder is meant to reject bad input span by span; an exception escaping it is our bug,
@@ -109,21 +109,23 @@ def decode_request(req: ExportTraceServiceRequest, metrics: Metrics, *,
     and counted in ``internal_errors`` so tests and operators see it.
     """
     try:
-        return decode(req, time.time_ns(), keep_prompts=keep_prompts)
+        return decode(req, time.time_ns(), keep_prompts=keep_prompts, drop_attributes=drop_attributes)
     except Exception as exc:
         log.exception("decoder crashed on a request")
         metrics.inc("internal_errors")
         raise PayloadError(f"request could not be decoded: {type(exc).__name__}") from exc
 
 
-def decode_protobuf_request(body: bytes, metrics: Metrics, *, keep_prompts: bool = False) -> DecodedBatch:
-    """Decode a binary request body (native decoder when built, else upb + Python).
+def decode_protobuf_request(body: bytes, metrics: Metrics, *, keep_prompts: bool = False,
+                            drop_attributes: tuple[str, ...] = ()) -> DecodedBatch:
+    """Decode a binary request body.
 
     :class:`PayloadError` for an undecodable body passes through; any other exception is a
     decoder crash, handled as in :func:`decode_request`.
     """
     try:
-        return decode_protobuf(body, time.time_ns(), keep_prompts=keep_prompts)
+        return decode_protobuf(body, time.time_ns(), keep_prompts=keep_prompts,
+                               drop_attributes=drop_attributes)
     except PayloadError:
         raise
     except Exception as exc:

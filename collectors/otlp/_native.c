@@ -46,8 +46,9 @@ typedef struct {
     size_t mask;
     int ncols[3];
     int *types[3];
-    uint8_t **pfx;
+    uint8_t **pfx;     /* prompt key patterns, lower case, without their trailing '*' */
     size_t *pfxlen;
+    uint8_t *pfxexact; /* 1: the whole key (no trailing '*'); 0: a prefix */
     int npfx;
     size_t max_str, max_apart_str;
     size_t max_span_bytes;
@@ -82,6 +83,7 @@ static void cfg_free(Cfg *c) {
     for (int i = 0; i < c->npfx; i++) free(c->pfx[i]);
     free(c->pfx);
     free(c->pfxlen);
+    free(c->pfxexact);
     free(c);
 }
 
@@ -139,7 +141,8 @@ static int cfg_mark(Cfg *c, PyObject *keys, int mark) {
 }
 
 /* make_config(typed: tuple of 3 lists of (key: str, kind: int), prompt_keys: list[str],
- *             prompt_prefixes: list[str], apart_keys: list[str], once_keys: list[str], max_str,
+ *             prompt_patterns: list[str] (lower case; ASCII letters match in any case; a
+ *             trailing '*' matches any rest), apart_keys: list[str], once_keys: list[str], max_str,
  *             max_apart_str, max_span_bytes, min_ns, max_ns). apart_keys: typed span keys whose
  *             string values stay out of the attributes JSON (stored apart): truncated at
  *             max_apart_str code points instead of max_str, and not counted in max_span_bytes.
@@ -214,7 +217,8 @@ static PyObject *make_config(PyObject *self, PyObject *args) {
     Py_ssize_t np = PyList_GET_SIZE(pfx);
     c->pfx = calloc(np ? np : 1, sizeof(uint8_t *));
     c->pfxlen = calloc(np ? np : 1, sizeof(size_t));
-    if (!c->pfx || !c->pfxlen) {
+    c->pfxexact = calloc(np ? np : 1, 1);
+    if (!c->pfx || !c->pfxlen || !c->pfxexact) {
         cfg_free(c);
         return PyErr_NoMemory();
     }
@@ -231,7 +235,8 @@ static PyObject *make_config(PyObject *self, PyObject *args) {
             return PyErr_NoMemory();
         }
         memcpy(c->pfx[i], k, kl);
-        c->pfxlen[i] = (size_t)kl;
+        c->pfxexact[i] = !(kl && k[kl - 1] == '*');
+        c->pfxlen[i] = (size_t)kl - !c->pfxexact[i];
         c->npfx = (int)i + 1;
     }
     c->max_str = (size_t)max_str;
@@ -917,10 +922,24 @@ static void al_end(D *d, AL *al) {
     else PUTS(d, al->out, "{}");
 }
 
+/* Whether the first n bytes of k equal `lower` (lower case) with ASCII letters folded. */
+static int ascii_ieq(const uint8_t *k, const uint8_t *lower, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = k[i];
+        if (c >= 'A' && c <= 'Z') c = (uint8_t)(c + 32);
+        if (c != lower[i]) return 0;
+    }
+    return 1;
+}
+
+/* Whether the key matches a prompt pattern: the whole key, or a prefix for a pattern that ended
+ * in '*', ASCII letters in any case (_decode.PROMPT_PATTERNS, _decode.is_prompt_key). */
 static int is_prompt(const Cfg *cfg, const KEnt *e, const uint8_t *k, size_t kl) {
     if (e && e->prompt) return 1;
     for (int i = 0; i < cfg->npfx; i++)
-        if (kl >= cfg->pfxlen[i] && memcmp(k, cfg->pfx[i], cfg->pfxlen[i]) == 0) return 1;
+        if ((cfg->pfxexact[i] ? kl == cfg->pfxlen[i] : kl >= cfg->pfxlen[i])
+            && ascii_ieq(k, cfg->pfx[i], cfg->pfxlen[i]))
+            return 1;
     return 0;
 }
 

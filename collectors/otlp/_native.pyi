@@ -11,11 +11,12 @@ child column of a list column, or None when every value is null (validity and of
 Kinds: TypeAlias = list[tuple[str, int]]
 """``[(attribute key, column kind)]`` for one context (spans, resources or events)."""
 
-def make_config(typed: tuple[Kinds, Kinds, Kinds], prompt_keys: list[str], prompt_prefixes: list[str],
+def make_config(typed: tuple[Kinds, Kinds, Kinds], prompt_keys: list[str], prompt_patterns: list[str],
                 apart_keys: list[str], once_keys: list[str], max_str: int, max_apart_str: int,
                 max_span_bytes: int, min_ns: int, max_ns: int, /) -> object:
     """The decoder configuration, a capsule for :func:`decode`; ``typed``: span, resource and
-    event keys."""
+    event keys; ``prompt_patterns``: lower case keys, or prefixes ending in ``*``, matched with
+    ASCII letters in any case (``prompt_keys``: those matched byte for byte first)."""
 
 def decode(
     body: Buffer, config: object, keep_prompts: bool, received_ns: int, /

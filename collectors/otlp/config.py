@@ -141,7 +141,11 @@ class CollectorConfig:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     """Seconds an OTLP/HTTP body may take to arrive (after the headers); slower → 408."""
     keep_prompts: bool = DEFAULT_KEEP_PROMPTS
-    """Store prompt/completion attribute values (default: drop them; see ``_decode.is_prompt_key``)."""
+    """Store prompt/completion attribute values (default: drop them; the keys are
+    ``collectors.otlp._decode.PROMPT_PATTERNS``)."""
+    drop_attributes: tuple[str, ...] = ()
+    """More attribute keys to drop (and count), as in ``PROMPT_PATTERNS``: a whole key, or a prefix
+    ending in ``*``; ASCII letters in any case; at any nesting; applied with ``keep_prompts`` too."""
     spool: bool = DEFAULT_SPOOL
     """Acknowledge exports at the spool sync rather than the store commit (``DEFAULT_SPOOL``)."""
     allowed_hosts: tuple[str, ...] = ()
@@ -241,6 +245,10 @@ class CollectorConfig:
             parts = urlsplit(origin)
             if parts.scheme not in ("http", "https") or not parts.netloc or parts.path:
                 raise ConfigError(f"allowed origin {origin!r} is not scheme://host[:port]")
+        for pattern in self.drop_attributes:  # a key, or a key prefix ending in '*'
+            if (not isinstance(pattern, str) or not pattern.strip(" *") or not pattern.isprintable()
+                    or "*" in pattern[:-1]):
+                raise ConfigError(f"bad entry in drop_attributes: {pattern!r} (a key, or a prefix and '*')")
         for name in ("keep_prompts", "spool"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
