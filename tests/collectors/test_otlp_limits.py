@@ -295,6 +295,30 @@ def test_connection_limit_refuses_with_503_then_recovers(tmp_path: Path) -> None
         assert httpx.get(c.http_url + "/health").status_code == 200
 
 
+def test_grpc_connection_limit(tmp_path: Path) -> None:
+    with Collector(_config(tmp_path, max_connections=2, header_timeout_s=60)) as c:
+        held = [socket.create_connection(("127.0.0.1", c.grpc_port or 0)) for _ in range(2)]
+        extra = socket.create_connection(("127.0.0.1", c.grpc_port or 0))
+        _until(lambda: _closed_by_peer(extra), 15, "the connection over the limit to be closed")
+        extra.close()
+        assert not any(_closed_by_peer(s) for s in held)
+        for s in held:
+            s.close()
+
+        def exports() -> bool:
+            with grpc.insecure_channel(c.grpc_target or "") as channel:
+                try:
+                    channel.unary_unary(
+                        "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                        request_serializer=lambda b: b, response_deserializer=lambda b: b,
+                    )(_body(1), timeout=5)
+                except grpc.RpcError:
+                    return False
+                return True
+
+        _until(exports, 30, "an export once the held connections are gone")
+
+
 def test_idle_keep_alive_connections_are_closed(tmp_path: Path) -> None:
     with Collector(_config(tmp_path, idle_timeout_s=0.5)) as c:
         s = socket.create_connection(("127.0.0.1", c.http_port))
