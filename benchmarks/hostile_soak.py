@@ -366,7 +366,8 @@ def run_bypasses(col: CollectorProcess, tally: Tally, folder: Path) -> tuple[int
                 tally.other("bypass answered 200 (read-only statement, or a bypass)")
         except httpx.HTTPError as exc:
             tally.other(f"bypass http error {type(exc).__name__}")
-        new_files = {p for p in set(folder.iterdir()) - files if ".spool" not in p.name and not p.name.endswith((".wal", ".log", ".tmp"))}
+        new_files = {p for p in set(folder.iterdir()) - files
+                     if ".spool" not in p.name and not p.name.endswith((".wal", ".log", ".tmp"))}
         if fingerprint(col) != before or new_files:
             writes += 1
             print(f"  WRITE THROUGH A READ: {sql!r} {sorted(str(p) for p in new_files)}")
@@ -495,7 +496,7 @@ def main() -> int:
     print(f"bombs: {a.bomb_waves} x 24 HTTP + 8 gRPC in {time.monotonic() - t0:.0f} s")
     run_slow_loris(col, tally, a.loris, a.loris_seconds)
     run_long_queries(col, tally, a.long_queries)
-    for k in range(a.kills):
+    for _ in range(a.kills):
         time.sleep(2)
         col.kill()
         tally.other("SIGKILL")
