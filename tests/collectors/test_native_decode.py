@@ -370,6 +370,31 @@ def test_rejections_native() -> None:
     assert batch is not None and len(batch.rejected) == 10 and batch.accepted == 1
 
 
+def test_repeated_span_id_keeps_one_copy_with_its_own_events() -> None:
+    """The first copy is stored with its events (and candidate rows) only; before, the store got
+    the first span and the union of all copies' events (same keys, so nothing told them apart)."""
+    def copy(label: str, events: list[str], candidates: list[str]) -> Span:
+        return span(1, [kv("copy", label), kv(semconv.DECISION_CANDIDATES,
+                                              json.dumps([{"replica": r} for r in candidates]))],
+                    events=[Span.Event(name=e, time_unix_nano=NOW) for e in events])
+
+    other = span(2, events=[Span.Event(name="x", time_unix_nano=NOW)])
+    body = request(copy("first", ["a", "b"], ["r1"]), other, copy("second", ["c", "d", "e"], ["r2", "r3"]))
+    for batch in (assert_native(body), assert_same(body, True)):
+        assert batch is not None and batch.duplicate_spans == 1 and batch.accepted == 2
+        assert [json.loads(a) for a in batch.spans["attributes"].to_pylist()] == [{"copy": "first"}, {}]
+        rows = sorted(zip(batch.events["span_id"].to_pylist(), batch.events["name"].to_pylist(),
+                          batch.events["c_replica"].to_pylist(), strict=True))
+        one, two = (1).to_bytes(8, "big").hex(), (2).to_bytes(8, "big").hex()
+        assert rows == [(one, "a", None), (one, "b", None), (one, semconv.EVENT_CANDIDATE, "r1"),
+                        (two, "x", None)]
+    # a copy in another resource of the same request is a copy too
+    req = ExportTraceServiceRequest.FromString(request(copy("first", ["a"], [])))
+    req.resource_spans.append(ExportTraceServiceRequest.FromString(request(copy("again", [], []))).resource_spans[0])
+    batch = assert_native(req.SerializeToString())
+    assert batch is not None and batch.accepted == 1 and batch.duplicate_spans == 1
+
+
 def test_event_time_and_limits_native() -> None:
     evs = [Span.Event(name="a", time_unix_nano=0), Span.Event(name="b", time_unix_nano=NOW + 3),
            Span.Event(name="c", time_unix_nano=2**64 - 1, attributes=[kv("e", "é" * 20_000)])]

@@ -1,6 +1,8 @@
 """Fuzzing the OTLP/HTTP handler over a real socket: random bytes, mutated valid protobuf and
 JSON payloads, random JSON documents. Nothing may produce a 5xx other than 503/429 (by design),
-crash the handler or the decoder, or take the collector down."""
+crash the handler or the decoder, or take the collector down. And every body that cannot be
+decoded is refused as such: :class:`PayloadError` with a one-line reason from the decode
+functions, 400 over HTTP and ``INVALID_ARGUMENT`` over gRPC, never 500."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from opentelemetry.proto.common.v1.common_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from collectors.otlp import Collector, CollectorConfig
+from collectors.otlp._decode import PayloadError, decode_protobuf, json_to_protobuf
 
 CAPTURES = Path(__file__).resolve().parents[1] / "testdata" / "otlp"
 NOW = time.time_ns()
@@ -156,3 +159,110 @@ def test_soak_all(client: httpx.Client, body: bytes, ctype: str, gz: bool, seed:
     _random_bytes(client, body, ctype, gz)
     _mutated_pb(client, seed, ops, gz)
     _mutated_json(client, ops, doc)
+
+
+# -- every undecodable body is the sender's fault, said in one line --------------------------------
+LONE_SURROGATES = [b'{"\\ud800":1}', b'{"\xed\xa0\x80":1}', b'{"resourceSpans":[{"\\udfff":[]}]}',
+                   b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"\\ud834"}]}]}]}',
+                   b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"attributes":[{"key":"\xed\xb0\x80",'
+                   b'"value":{"stringValue":"x"}}]}]}]}]}']
+surrogates = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+any_text = st.text(st.one_of(st.characters(), surrogates), max_size=8)
+otlp_keys = st.sampled_from(["resourceSpans", "scopeSpans", "spans", "traceId", "spanId", "name",
+                             "attributes", "key", "value", "stringValue", "intValue", "doubleValue",
+                             "arrayValue", "kvlistValue", "values", "events", "links", "resource",
+                             "startTimeUnixNano", "endTimeUnixNano", "kind", "status", "code"])
+any_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | any_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.one_of(otlp_keys, any_text), inner,
+                                                                  max_size=5),
+    max_leaves=30)
+
+
+def _json_texts(doc: Any) -> list[bytes]:
+    """The document as an SDK escapes it, and with raw UTF-8 (lone surrogates as their 3 bytes,
+    which is not UTF-8)."""
+    return [json.dumps(doc).encode(), json.dumps(doc, ensure_ascii=False).encode("utf-8", "surrogatepass")]
+
+
+def _decoded_or_refused(body: bytes, as_json: bool) -> bool:
+    """Decode like the receivers; True when decoded, False when refused with a one-line reason.
+    Any other exception fails the test."""
+    try:
+        decode_protobuf(json_to_protobuf(body) if as_json else body, NOW)
+    except PayloadError as exc:
+        text = str(exc)
+        assert text and "\n" not in text, text
+        return False
+    return True
+
+
+def test_lone_surrogates_are_refused_with_a_reason() -> None:
+    for body in LONE_SURROGATES:
+        assert not _decoded_or_refused(body, True), body
+
+
+@settings(max_examples=400, deadline=None)
+@given(body=st.binary(max_size=2048), as_json=st.booleans())
+def test_decoder_answers_any_bytes(body: bytes, as_json: bool) -> None:
+    _decoded_or_refused(body, as_json)
+
+
+@settings(max_examples=400, deadline=None)
+@given(doc=any_json)
+def test_decoder_answers_any_json(doc: Any) -> None:
+    for text in _json_texts(doc):
+        _decoded_or_refused(text, True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=any_json, ops=mutations)
+def test_decoder_answers_mutated_otlp_json(doc: Any, ops: list[tuple[int, int, int]]) -> None:
+    seed = json.loads(SEED_JSON)
+    seed["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"].append({"key": "k", "value": doc})
+    for text in _json_texts(seed):
+        _decoded_or_refused(text, True)
+        _decoded_or_refused(_mutate(text, ops), True)
+
+
+def _refused_400(client: httpx.Client, body: bytes, ctype: str) -> None:
+    r = client.post("/v1/traces", content=body, headers={"content-type": ctype})
+    assert r.status_code == 400, (r.status_code, r.content[:300])
+    if ctype == "application/json":
+        message = r.json()["message"]
+        assert message and "\n" not in message, message
+
+
+def test_lone_surrogates_answer_400_over_http(client: httpx.Client) -> None:
+    for body in LONE_SURROGATES:
+        _refused_400(client, body, "application/json")
+    bad_utf8 = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[
+        Span(trace_id=bytes(range(1, 17)), span_id=b"\x01" * 8, name="@@",
+             start_time_unix_nano=NOW, end_time_unix_nano=NOW + 1)])])]).SerializeToString()
+    _refused_400(client, bad_utf8.replace(b"@@", b"\xed\xa0"), "application/x-protobuf")
+
+
+@CI
+@given(doc=any_json)
+def test_any_json_is_answered_200_or_400_over_http(client: httpx.Client, doc: Any) -> None:
+    for text in _json_texts(doc):
+        r = client.post("/v1/traces", content=text, headers={"content-type": "application/json"})
+        assert r.status_code in (200, 400), (r.status_code, r.content[:300])
+
+
+def test_undecodable_grpc_export_is_invalid_argument(tmp_path: Path) -> None:
+    import grpc
+
+    body = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[
+        Span(trace_id=bytes(range(1, 17)), span_id=b"\x01" * 8, name="@@",
+             start_time_unix_nano=NOW, end_time_unix_nano=NOW + 1)])])]).SerializeToString()
+    cfg = CollectorConfig(db_path=tmp_path / "g.duckdb", http_port=0, grpc_port=0)
+    with Collector(cfg) as c, grpc.insecure_channel(c.grpc_target) as ch:
+        call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                              request_serializer=None, response_deserializer=None)
+        for bad in (body.replace(b"@@", b"\xed\xa0"), b"\x0a\xff\xff", body[:-3]):
+            with pytest.raises(grpc.RpcError) as info:
+                call(bad, timeout=30)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+            assert "\n" not in (info.value.details() or "")
+        call(body, timeout=30)  # the same span, well formed, is stored
