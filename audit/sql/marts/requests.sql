@@ -3,6 +3,8 @@
 -- span). Sides are joined in int_requests_linked (trace first, request id when a router broke
 -- the trace). Timings come from one side only: the client when it reported a TTFT, else the
 -- replica; tpot_ms = (e2e_ms - ttft_ms) / (output_tokens - 1), null when fewer than 2 tokens.
+-- Status comes from whichever side saw the outcome (requests_failed: a failed or timed-out
+-- forward, a 5xx, the router's own error answer), with that side and its reason.
 with
 
 int_spans_clock_corrected_source as not materialized (
@@ -54,6 +56,8 @@ side_spans as materialized (
         http_status,
         declared_status,
         otel_status,
+        status_message,
+        client_error,
         router_id,
         self_replica,
         span_role,
@@ -143,9 +147,34 @@ final_decisions as materialized (
         max_by(forward_status, attempt) as forward_status,
         max_by(trace_id, attempt) as trace_id,
         max_by(span_id, attempt) as span_id,
+        max_by(forward_span_id, attempt) as forward_span_id,
+        max_by(reason, attempt) as reason,
         max_by(request_id, attempt) as request_id
     from int_decisions_joined_to_executions_source
     group by request_key
+
+),
+
+final_attempts as materialized (
+
+    -- the final attempt with what its own spans say went wrong: only the last attempt decides
+    -- the request's fate (an earlier refused forward that was retried is not a failure)
+    select
+        final_decisions.*,
+        forward_span.http_status as forward_http_status,
+        forward_span.otel_status = 'error' as forward_failed,
+        forward_span.status_message as forward_message,
+        decision_span.otel_status = 'error' as decision_failed,
+        decision_span.status_message as decision_message
+    from final_decisions
+    left join side_spans as forward_span
+        on forward_span.trace_id = final_decisions.trace_id
+        and forward_span.span_id = final_decisions.forward_span_id
+        and forward_span.span_role = 'router_forward'
+    left join side_spans as decision_span
+        on decision_span.trace_id = final_decisions.trace_id
+        and decision_span.span_id = final_decisions.span_id
+        and decision_span.span_role = 'router_decision'
 
 ),
 
@@ -225,7 +254,7 @@ requests_joined as (
         on router.request_key = sides.request_key
     left join replica_sides as replica
         on replica.request_key = sides.request_key
-    left join final_decisions as decision
+    left join final_attempts as decision
         on decision.request_key = sides.request_key
     left join predicted_cache_of_chosen as predicted
         on predicted.request_key = sides.request_key
@@ -256,6 +285,125 @@ requests_timed as (
 
 ),
 
+requests_failed as (
+
+    -- the first side with something to say decides: the client's declared outcome, then HTTP
+    -- statuses (the client's, the router's own answer, what the final forward read), a finish
+    -- reason abort, the replica's declared outcome, then spans that ended in error (client,
+    -- router, the final forward, the final decision), the replica's HTTP status, the replica's
+    -- span. Each branch gives a declared status, or an HTTP status, or only a reason (an
+    -- error span's message), turned into the request's status in the next step
+    select
+        *,
+        case
+            when client.declared_status in (
+                'ok', 'error', 'timeout', 'cancelled', 'rejected'
+            ) then {
+                'status': client.declared_status,
+                'http_status': null,
+                'source': 'client',
+                'reason': coalesce(client.client_error, client.status_message)
+            }
+            when decision.outcome = 'rejected' then {
+                'status': 'rejected',
+                'http_status': null,
+                'source': 'router',
+                'reason': coalesce(decision.reason, 'rejected by the router')
+            }
+            when client.http_status >= 400 then {
+                'status': null,
+                'http_status': client.http_status,
+                'source': 'client',
+                'reason': 'HTTP ' || cast(client.http_status as varchar)
+            }
+            when client.http_status is null and router.http_status >= 400 then {
+                'status': null,
+                'http_status': router.http_status,
+                'source': 'router',
+                'reason': 'router answered HTTP ' || cast(router.http_status as varchar)
+            }
+            when client.http_status is null
+                and router.http_status is null
+                and decision.forward_status >= 400 then {
+                'status': null,
+                'http_status': decision.forward_status,
+                'source': 'router',
+                'reason': 'forward got HTTP ' || cast(decision.forward_status as varchar)
+            }
+            when finish_reason = 'abort' then {
+                'status': 'cancelled',
+                'http_status': null,
+                'source': case when client.finish_reason = 'abort' then 'client' else 'replica' end,
+                'reason': 'finish reason abort'
+            }
+            when replica.declared_status in (
+                'ok', 'error', 'timeout', 'cancelled', 'rejected'
+            ) then {
+                'status': replica.declared_status,
+                'http_status': null,
+                'source': 'replica',
+                'reason': replica.status_message
+            }
+            when client.otel_status = 'error' then {
+                'status': null,
+                'http_status': null,
+                'source': 'client',
+                'reason': coalesce(client.status_message, 'client span ended in error')
+            }
+            when router.otel_status = 'error' then {
+                'status': null,
+                'http_status': null,
+                'source': 'router',
+                'reason': coalesce(router.status_message, 'router span ended in error')
+            }
+            when decision.forward_failed then {
+                'status': null,
+                'http_status': null,
+                'source': 'router',
+                'reason': coalesce(decision.forward_message, 'forward ended in error')
+            }
+            when decision.decision_failed then {
+                'status': null,
+                'http_status': null,
+                'source': 'router',
+                'reason': coalesce(decision.decision_message, 'decision ended in error')
+            }
+            when replica.http_status >= 400 then {
+                'status': null,
+                'http_status': replica.http_status,
+                'source': 'replica',
+                'reason': 'replica answered HTTP ' || cast(replica.http_status as varchar)
+            }
+            when replica.otel_status = 'error' then {
+                'status': null,
+                'http_status': null,
+                'source': 'replica',
+                'reason': coalesce(replica.status_message, 'replica span ended in error')
+            }
+        end as failure
+    from requests_timed
+
+),
+
+requests_judged as (
+
+    select
+        *,
+        case
+            when failure.status is not null then failure.status
+            when failure.http_status in (408, 504) then 'timeout'
+            when failure.http_status = 499 then 'cancelled'
+            when failure.http_status = 429 then 'rejected'
+            when failure.http_status >= 400 then 'error'
+            -- an error span's own words: httpx ReadTimeout, asyncio TimeoutError, "timed out"
+            when regexp_matches(failure.reason, '(?i)timeout|timed out') then 'timeout'
+            when failure.source is not null then 'error'
+            else 'ok'
+        end as status
+    from requests_failed
+
+),
+
 final as (
 
     select
@@ -279,25 +427,10 @@ final as (
         timing_source,
         output_tokens,
         finish_reason,
-        case
-            when client.declared_status in (
-                'ok', 'error', 'timeout', 'cancelled', 'rejected'
-            ) then client.declared_status
-            when decision.outcome = 'rejected' then 'rejected'
-            when http_status in (408, 504) then 'timeout'
-            when http_status = 499 then 'cancelled'
-            when http_status = 429 then 'rejected'
-            when http_status >= 400 then 'error'
-            when finish_reason = 'abort' then 'cancelled'
-            when replica.declared_status in (
-                'ok', 'error', 'timeout', 'cancelled', 'rejected'
-            ) then replica.declared_status
-            when client.otel_status = 'error'
-                or router.otel_status = 'error'
-                or replica.otel_status = 'error' then 'error'
-            else 'ok'
-        end as status,
+        status,
         http_status,
+        case when status <> 'ok' then failure.source end as failure_source,
+        case when status <> 'ok' then failure.reason end as failure_reason,
         coalesce(decision.router_id, router.router_id) as router_id,
         decision.policy,
         coalesce(decision.attempts, 0) as attempts,
@@ -317,7 +450,7 @@ final as (
         has_client and has_replica and not has_router as router_side_missing,
         link_method,
         clock_suspect
-    from requests_timed
+    from requests_judged
 
 )
 
