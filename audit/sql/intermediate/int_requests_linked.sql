@@ -7,7 +7,15 @@
 --    a missing span) or shares a request id (the router started a new trace, e.g. SMG; link by
 --    x-request-id / x-correlation-id / vLLM's unwrapped gen_ai.request.id). Preference: shares
 --    a request id, then same trace, then better rank, then nearest start time, then ids.
--- 3. Merges are followed twice (replica -> router -> client).
+-- 3. Request ids repeat (runs replayed, clients reusing ids), so the request-id fallback links
+--    only groups that can be one request: same run or no run, overlapping in time on the
+--    corrected clocks (int_clock_offsets; 1 s tolerance for offsets that are estimates or
+--    unknown), and compatible sides: a group with router spans joins no group whose router
+--    spans are another router's, and of several router groups of different routers that would
+--    join one group by request id alone, only the nearest router's do. A client group is never
+--    merged (rank 1 is the best), so no request gets two client spans. Otherwise the groups
+--    stay separate requests.
+-- 4. Merges are followed twice (replica -> router -> client).
 with
 
 stg_spans_source as not materialized (
@@ -22,6 +30,12 @@ int_spans_anchored_by_trace_source as not materialized (
 
 ),
 
+int_clock_offsets_source as not materialized (
+
+    select * from int_clock_offsets
+
+),
+
 anchored_side_spans as materialized (
 
     select
@@ -32,11 +46,19 @@ anchored_side_spans as materialized (
         anchored.anchor_role,
         spans.request_id,
         spans.run_id,
-        spans.start_ns
+        spans.start_ns,
+        spans.start_ns - coalesce(offsets.offset_ns, 0) as corrected_start_ns,
+        coalesce(spans.end_ns, spans.start_ns) - coalesce(offsets.offset_ns, 0)
+            as corrected_end_ns,
+        case
+            when anchored.span_role like 'router_%' then coalesce(spans.router_id, '')
+        end as router_name
     from int_spans_anchored_by_trace_source as anchored
     inner join stg_spans_source as spans
         on spans.trace_id = anchored.trace_id
         and spans.span_id = anchored.span_id
+    left join int_clock_offsets_source as offsets
+        on offsets.clock_domain = spans.clock_domain
 
 ),
 
@@ -52,6 +74,10 @@ groups_by_anchor as materialized (
             else 3
         end as group_rank,
         min(start_ns) as group_start_ns,
+        min(corrected_start_ns) as corrected_start_ns,
+        max(corrected_end_ns) as corrected_end_ns,
+        min(router_name) as router_name,
+        max(router_name) as max_router_name,
         min(run_id) as run_id
     from anchored_side_spans
     group by trace_id, anchor_span_id
@@ -110,6 +136,18 @@ merge_candidates_by_request_id as materialized (
             from_group.run_id is null
             or to_group.run_id is null
             or from_group.run_id = to_group.run_id
+        )
+        -- at the same time: each starts before the other ends (1 s tolerance)
+        and from_group.corrected_start_ns <= to_group.corrected_end_ns + 1000000000
+        and to_group.corrected_start_ns <= from_group.corrected_end_ns + 1000000000
+        -- one router: a router group does not join another router's request
+        and (
+            from_group.router_name is null
+            or to_group.router_name is null
+            or (
+                from_group.router_name = to_group.router_name
+                and from_group.max_router_name = to_group.max_router_name
+            )
         )
 
 ),
@@ -170,16 +208,42 @@ merge_candidates_ranked as materialized (
 
 ),
 
+first_choices as materialized (
+
+    select
+        ranked.trace_id,
+        ranked.anchor_span_id,
+        ranked.to_trace_id,
+        ranked.to_anchor_span_id,
+        ranked.distance_ns,
+        ranked.same_trace,
+        from_group.router_name as from_router_name
+    from merge_candidates_ranked as ranked
+    inner join groups_by_anchor as from_group
+        on from_group.trace_id = ranked.trace_id
+        and from_group.anchor_span_id = ranked.anchor_span_id
+    where ranked.preference = 1
+
+),
+
 first_merges as materialized (
 
+    -- router groups joining one group: the router of the nearest (same trace first) is the
+    -- request's; another router's group joined by request id alone stays a request of its own
     select
         trace_id,
         anchor_span_id,
         to_trace_id,
         to_anchor_span_id,
         case when same_trace then 'trace' else 'request_id' end as merge_method
-    from merge_candidates_ranked
-    where preference = 1
+    from first_choices
+    qualify
+        same_trace
+        or from_router_name is null
+        or from_router_name = first_value(from_router_name) over (
+            partition by to_trace_id, to_anchor_span_id, from_router_name is null
+            order by same_trace desc, distance_ns asc, trace_id asc, anchor_span_id asc
+        )
 
 ),
 
