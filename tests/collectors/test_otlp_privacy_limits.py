@@ -205,7 +205,7 @@ def _placed(key: str, where: str) -> ExportTraceServiceRequest:
         array_value=ArrayValue(values=[AnyValue(kvlist_value=KeyValueList(values=[secret]))])))]))
     span = Span(trace_id=(7).to_bytes(16, "big"), span_id=(1).to_bytes(8, "big"), name="chat",
                 start_time_unix_nano=NOW, end_time_unix_nano=NOW + 1000, attributes=[plain])
-    rs = ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])
+    rs = ResourceSpans()
     if where == "span":
         span.attributes.append(secret)
     elif where == "event":
@@ -219,13 +219,13 @@ def _placed(key: str, where: str) -> ExportTraceServiceRequest:
         span.attributes.append(KeyValue(key="io", value=AnyValue(kvlist_value=KeyValueList(values=[secret]))))
     else:  # a kvlist in an array in a kvlist
         span.attributes.append(KeyValue(key="io", value=nested))
+    rs.scope_spans.append(ScopeSpans(spans=[span]))  # a copy: the span is complete by now
     return ExportTraceServiceRequest(resource_spans=[rs])
 
 
 def _stored_text(batch: Any) -> str:
-    cols = [batch.spans.column(c) for c in ("attributes", "resource_attributes", "links")]
-    cols += [batch.events.column("attributes")]
-    return json.dumps([c.to_pylist() for c in cols])
+    """Every value of every row and column the batch would store."""
+    return json.dumps([batch.spans.to_pylist(), batch.events.to_pylist()], default=str)
 
 
 PLACES = ["span", "event", "link", "resource", "kvlist", "deep"]
