@@ -137,7 +137,10 @@ def grpc_export(c: Collector, req: ExportTraceServiceRequest | bytes,
 def test_public_names_are_frozen() -> None:
     assert sorted(otlp.__all__) == sorted(
         ["Collector", "CollectorConfig", "CollectorError", "ConfigError", "StartError",
-         "default_config", "run_collector"])
+         "default_config", "run_collector",
+         # the refusals, for those who embed the receiver (collectors/otlp/_errors.py)
+         "ExportRefused", "Unauthenticated", "Forbidden", "UnsupportedMediaType", "BodyTooLarge",
+         "BadRequest", "BodyTimeout", "QueueFull", "Overloaded", "WriterUnavailable", "SpoolError"])
 
 
 # -- real SDK exporters --------------------------------------------------------------------------
