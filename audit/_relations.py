@@ -1,8 +1,10 @@
-"""Build the SQL relations (``audit/sql/{staging,intermediate,marts,attribution}``).
+"""Build the SQL relations (``audit/sql/{staging,intermediate,marts}``).
 
 Each relation is one ``.sql`` file holding a single ``select`` (dbt style: import CTEs first, last
-line ``select * from final``); its name is the file's stem. Layers build in order, and inside a
-layer a relation builds after the relations it names. Nothing is templated.
+line ``select * from final``) beside a ``.yml`` that gives its grain and checks; its name is the
+file's stem. A relation builds after the relations it reads (:func:`reads`), whatever their
+layer: the attribution's ``int_attr_*`` steps are intermediate relations that read the marts.
+Nothing is templated.
 
 Materialisation (dbt's ``table`` vs ``view``): a relation that reads a session variable
 (``getvariable(...)``: the SLO targets and attribution thresholds), or reads such a relation, is
@@ -26,10 +28,11 @@ import duckdb
 
 from audit._errors import StoreError
 
-LAYERS: Final = ("staging", "intermediate", "marts", "attribution")
-"""Relation layers, in dependency order. ``attribution`` judges the marts: its ``int_*``
-relations are internal steps, the others (``attributions``, ``slo_summary``, ``calibration``…)
-are public like the marts."""
+LAYERS: Final = ("staging", "intermediate", "marts")
+"""Relation folders: ``staging`` (one per raw table or emitter dialect), ``intermediate``
+(internal steps named by verb, the attribution's ``int_attr_*`` among them) and ``marts`` (the
+public relations: ``requests``… and the attribution's ``attributions``, ``slo_summary``…).
+Listed in the order ties are built in; what a relation reads always builds first."""
 
 MARTS_DOC: Final = "docs/schema.md"
 
@@ -44,41 +47,55 @@ class Relation:
 
 
 def load_relations() -> list[Relation]:
-    """All relations, ordered so that each comes after the ones it reads."""
+    """All relations, ordered so that each comes after the ones it reads (ties: layer, name)."""
     root = resources.files("audit").joinpath("sql")
     found: list[Relation] = []
     for layer in LAYERS:
         folder = root.joinpath(layer)
         if not folder.is_dir():
             continue
-        layer_rel = [
+        found.extend(
             Relation(entry.name[:-4], layer, entry.read_text("utf-8"))
             for entry in sorted(folder.iterdir(), key=lambda e: e.name)
             if entry.name.endswith(".sql")
-        ]
-        found.extend(_toposort(layer_rel, {r.name for r in found}))
-    return found
+        )
+    return _toposort(found)
 
 
-def _toposort(rels: list[Relation], done: set[str]) -> list[Relation]:
+def _toposort(rels: list[Relation]) -> list[Relation]:
     names = {r.name for r in rels}
-    deps = {
-        r.name: {n for n in names if n != r.name and re.search(rf"\b{re.escape(n)}\b", _strip_comments(r.sql))}
-        for r in rels
-    }
+    deps = {r.name: (reads(r.sql) & names) - {r.name} for r in rels}
     ordered: list[Relation] = []
-    placed = set(done)
+    placed: set[str] = set()
     pending = list(rels)
     while pending:
-        ready = [r for r in pending if deps[r.name] <= placed]
-        if not ready:
+        ready = next((r for r in pending if deps[r.name] <= placed), None)
+        if ready is None:
             cycle = ", ".join(r.name for r in pending)
             raise StoreError(f"relations reference each other in a cycle: {cycle}")
-        for r in ready:
-            ordered.append(r)
-            placed.add(r.name)
-            pending.remove(r)
+        ordered.append(ready)
+        placed.add(ready.name)
+        pending.remove(ready)
     return ordered
+
+
+_NOT_CODE = re.compile(r"'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/", re.S)
+_CTE_NAME = re.compile(r"\b(\w+)\s*(?:\([^()]*\)\s*)?as\s+(?:not\s+)?(?:materialized\s+)?\(", re.I)
+_FROM_NAME = re.compile(r"\b(?:from|join)\s+(\w+)", re.I)
+
+
+def _code(sql: str) -> str:
+    """``sql`` without its comments and string literals."""
+    return _NOT_CODE.sub(" ", sql)
+
+
+def reads(sql: str) -> set[str]:
+    """Names a relation's SQL reads from (after ``from`` or ``join``), less its own CTEs: a
+    relation named in a comment, a string or a column qualifier is not read, and a CTE named
+    like a relation shadows it."""
+    code = _code(sql)
+    return ({n.lower() for n in _FROM_NAME.findall(code)}
+            - {n.lower() for n in _CTE_NAME.findall(code)})
 
 
 def _strip_comments(sql: str) -> str:
@@ -96,13 +113,9 @@ def relations_version() -> str:
 
 
 def public_relations() -> list[str]:
-    """Names users and dashboards may read: the marts and the public attribution relations."""
-    return [
-        r.name
-        for r in load_relations()
-        if r.layer == "marts" or (r.layer == "attribution" and not r.name.startswith("int_"))
-        or r.name in ALWAYS_VIEWS
-    ]
+    """Names users and dashboards may read: the marts (the attribution's public relations among
+    them) and :data:`ALWAYS_VIEWS`."""
+    return [r.name for r in load_relations() if r.layer == "marts" or r.name in ALWAYS_VIEWS]
 
 
 ALWAYS_VIEWS: Final = ("raw_span_attributes",)
@@ -129,8 +142,7 @@ def parametrised(relations: list[Relation] | None = None) -> set[str]:
     rels = load_relations() if relations is None else relations
     found: set[str] = set()
     for rel in rels:  # dependency order: a relation's inputs were classified before it
-        body = _strip_comments(rel.sql)
-        if "getvariable(" in body or any(re.search(rf"\b{re.escape(n)}\b", body) for n in found):
+        if "getvariable(" in _code(rel.sql) or reads(rel.sql) & found:
             found.add(rel.name)
     return found
 
@@ -155,15 +167,16 @@ re-assessing every candidate."""
 
 def cached(relations: list[Relation] | None = None) -> list[str]:
     """Parametrised relations that :func:`refresh` also materialises at the default settings
-    (``<name>__cached``) in a large store: the public ones, and :data:`CACHED_INTERNAL`.
+    (``<name>__cached``) in a large store: the public ones (marts but ``slo_targets``, a
+    single row computed from the variables alone), and :data:`CACHED_INTERNAL`.
     ``<name>`` reads that table while every session variable *it* reads (directly or through
     other relations, :func:`variables_read`) is unset or at its default, and computes live
     (``<name>__live``) otherwise."""
     rels = load_relations() if relations is None else relations
     param = parametrised(rels)
     return [r.name for r in rels
-            if r.name in param and r.layer == "attribution" and r.name != "slo_targets"
-            and (not r.name.startswith("int_") or r.name in CACHED_INTERNAL)]
+            if r.name in param
+            and ((r.layer == "marts" and r.name != "slo_targets") or r.name in CACHED_INTERNAL)]
 
 
 def variables_read(relations: list[Relation] | None = None) -> dict[str, set[str]]:
@@ -172,11 +185,9 @@ def variables_read(relations: list[Relation] | None = None) -> dict[str, set[str
     rels = load_relations() if relations is None else relations
     found: dict[str, set[str]] = {}
     for rel in rels:  # dependency order: a relation's inputs were resolved before it
-        body = _strip_comments(rel.sql)
-        own = {name for name, _ in _DEFAULTED_VARIABLE.findall(body)}
-        for other, names in found.items():
-            if names and re.search(rf"\b{re.escape(other)}\b", body):
-                own |= names
+        own = {name for name, _ in _DEFAULTED_VARIABLE.findall(_strip_comments(rel.sql))}
+        for other in reads(rel.sql):
+            own |= found.get(other, set())
         found[rel.name] = own
     return found
 

@@ -9,7 +9,7 @@ commit for ``attributions__live``). Rounds are interleaved; the results must be 
 1e-9: parallel sums differ in the last bits).
 
     python3 benchmarks/sql_ab.py page --db STORE --relation attributions__live \\
-        --sql <(git show HEAD~1:audit/sql/attribution/attributions.sql) --rounds 5
+        --sql <(git show HEAD~1:audit/sql/marts/attributions.sql) --rounds 5
 
 ``refresh``: one full rebuild of every relation (``audit._relations.refresh``, relation by
 relation) with the SQL of the source tree ``--src`` (a checkout or ``git worktree`` of the commit

@@ -197,8 +197,9 @@ class Fleet:
 
 
 def install_attribution(con: duckdb.DuckDBPyConnection) -> None:
+    """The attribution's relations: its ``int_attr_*`` steps and the marts built on the marts."""
     for rel in _relations.load_relations():
-        if rel.layer == "attribution":
+        if rel.name.startswith("int_attr_") or (rel.layer == "marts" and rel.name not in MART_COLUMNS):
             con.execute(f"create or replace view {rel.name} as\n{rel.sql.strip().rstrip(';')}")
 
 

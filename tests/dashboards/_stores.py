@@ -294,7 +294,7 @@ _MART_SQL = {
         select * from primary_rows union all select * from secondary
     """,
     "herding_episodes": """
-        -- the relation's own columns (audit/sql/attribution/herding_episodes.sql)
+        -- the relation's own columns (audit/sql/marts/herding_episodes.sql)
         select md5(replica || n) as episode_id, 'run-1' as run_id, replica,
             t0 + to_seconds(n) as telemetry_ts,
             t0 + to_seconds(n + 1) as started_at,
