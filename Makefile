@@ -1,13 +1,13 @@
 # The two commands the README promises. Both set up what they need on a fresh machine.
 PYTHON ?= python3
 
-.PHONY: demo test setup setup-test
+.PHONY: demo test setup setup-test lint ruff mypy sqlfluff
 
 setup:
 	$(PYTHON) -m pip install -q -e .
 
 setup-test:
-	$(PYTHON) -m pip install -q -e '.[test]'
+	$(PYTHON) -m pip install -q -e '.[test,lint]'
 	@# Debian's Chromium drives the real-browser dashboard test (never a downloaded browser).
 	@if [ ! -x /usr/bin/chromium ]; then \
 		(apt-get update -q && apt-get install -y -q chromium) >/tmp/routeaudit-apt.log 2>&1 \
@@ -17,5 +17,19 @@ setup-test:
 demo: setup
 	routeaudit demo --db demo.duckdb
 
+# The static checks CI enforces (tools from the `lint` extra). Each fails on any finding.
+lint: ruff mypy sqlfluff
+
+ruff:
+	$(PYTHON) -m ruff check .
+
+mypy:
+	$(PYTHON) -m mypy
+
+sqlfluff:
+	$(PYTHON) -m sqlfluff lint --processes 0 audit/sql
+
+# Setup, then every check (-k: all three report before make stops), then the tests.
 test: setup-test
+	$(MAKE) --no-print-directory -k lint
 	$(PYTHON) -m pytest
