@@ -233,9 +233,14 @@ def summary_text(reader: Reads, slo: SLO | None = None) -> str:
             f"{_num(r['goodput_rps'], '.2f')} req/s) at TTFT<={r['ttft_slo_ms']:.0f} ms, "
             f"TPOT<={r['tpot_slo_ms']:.0f} ms"
         )
+        seen_by = ", ".join(
+            f"{side} {r[f'{side}_failures']}" for side in ("client", "router", "replica")
+            if r.get(f"{side}_failures")
+        )
         lines.append(
             f"  failures: {r['timeouts']} timeout, {r['rejected']} rejected, "
             f"{r['errors']} error, {r['cancelled']} cancelled"
+            + (f" (seen by {seen_by})" if seen_by else "")
         )
         lines.append(
             f"  TTFT p50/p90/p99 {_num(r['ttft_p50_ms'])}/{_num(r['ttft_p90_ms'])}/"

@@ -207,11 +207,14 @@ def test_a_killed_backend_is_an_error_not_a_slow_request(tmp_path: Path) -> None
         store.close()
 
     summary = open_store(db, slo=SLO(ttft_ms=100, tpot_ms=1000)).query(
-        "select run_id, requests, ok, slow, errors, timeouts from slo_summary order by run_id"
+        "select run_id, requests, ok, slow, errors, timeouts, router_failures "
+        "from slo_summary order by run_id"
     ).to_dicts()
     assert summary == [
-        {"run_id": "run-1", "requests": 1, "ok": 1, "slow": 1, "errors": 0, "timeouts": 0},
-        {"run_id": None, "requests": 1, "ok": 0, "slow": 0, "errors": 1, "timeouts": 0},
+        {"run_id": "run-1", "requests": 1, "ok": 1, "slow": 1, "errors": 0, "timeouts": 0,
+         "router_failures": 0},
+        {"run_id": None, "requests": 1, "ok": 0, "slow": 0, "errors": 1, "timeouts": 0,
+         "router_failures": 1},
     ]
 
     out = subprocess.run(
@@ -224,6 +227,7 @@ def test_a_killed_backend_is_an_error_not_a_slow_request(tmp_path: Path) -> None
     no_run = lines.index(next(x for x in lines if x.startswith("run (no run):")))
     assert "1 requests, 0 ok, 0 slow" in lines[no_run]
     assert "1 error" in lines[no_run + 1] and "0 timeout" in lines[no_run + 1]
+    assert lines[no_run + 1].endswith("(seen by router 1)")
     run_1 = lines.index(next(x for x in lines if x.startswith("run run-1:")))
     assert "1 requests, 1 ok, 1 slow" in lines[run_1]
-    assert "0 error" in lines[run_1 + 1]
+    assert lines[run_1 + 1].endswith("0 error, 0 cancelled")

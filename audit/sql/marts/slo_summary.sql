@@ -31,6 +31,12 @@ summarised as (
         count(*) filter (where status = 'error') as errors,
         count(*) filter (where status = 'cancelled') as cancelled,
         count(*) filter (where outcome = 'other') as other_status,
+        count(*) filter (where not is_ok and failure_source = 'client')
+            as client_failures,
+        count(*) filter (where not is_ok and failure_source = 'router')
+            as router_failures,
+        count(*) filter (where not is_ok and failure_source = 'replica')
+            as replica_failures,
         count(*) filter (where is_ok and coalesce(output_tokens, 0) < 2)
             as ok_without_tpot,
         min(client_start) as first_at,
@@ -64,6 +70,9 @@ final as (
         errors,
         cancelled,
         other_status,
+        client_failures,
+        router_failures,
+        replica_failures,
         ok_without_tpot,
         ttft_p50_ms,
         ttft_p90_ms,
