@@ -87,6 +87,26 @@ static void cfg_free(Cfg *c) {
     free(c);
 }
 
+/* Whether the first n bytes of k equal `lower` (lower case) with ASCII letters folded. */
+static int ascii_ieq(const uint8_t *k, const uint8_t *lower, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = k[i];
+        if (c >= 'A' && c <= 'Z') c = (uint8_t)(c + 32);
+        if (c != lower[i]) return 0;
+    }
+    return 1;
+}
+
+/* Whether the key matches a prompt pattern: the whole key, or a prefix for a pattern that ended
+ * in '*', ASCII letters in any case (_decode.PROMPT_PATTERNS, _decode.is_prompt_key). */
+static int matches_pattern(const Cfg *cfg, const uint8_t *k, size_t kl) {
+    for (int i = 0; i < cfg->npfx; i++)
+        if ((cfg->pfxexact[i] ? kl == cfg->pfxlen[i] : kl >= cfg->pfxlen[i])
+            && ascii_ieq(k, cfg->pfx[i], cfg->pfxlen[i]))
+            return 1;
+    return 0;
+}
+
 static void cfg_capsule_free(PyObject *cap) {
     cfg_free((Cfg *)PyCapsule_GetPointer(cap, "routeaudit.native.cfg"));
 }
@@ -239,6 +259,8 @@ static PyObject *make_config(PyObject *self, PyObject *args) {
         c->pfxlen[i] = (size_t)kl - !c->pfxexact[i];
         c->npfx = (int)i + 1;
     }
+    for (size_t i = 0; i < c->nents; i++) /* the configured keys' answers, computed once */
+        c->ents[i].prompt = c->ents[i].prompt || matches_pattern(c, c->ents[i].key, c->ents[i].klen);
     c->max_str = (size_t)max_str;
     c->max_apart_str = (size_t)max_apart;
     c->max_span_bytes = (size_t)max_span;
@@ -922,25 +944,11 @@ static void al_end(D *d, AL *al) {
     else PUTS(d, al->out, "{}");
 }
 
-/* Whether the first n bytes of k equal `lower` (lower case) with ASCII letters folded. */
-static int ascii_ieq(const uint8_t *k, const uint8_t *lower, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint8_t c = k[i];
-        if (c >= 'A' && c <= 'Z') c = (uint8_t)(c + 32);
-        if (c != lower[i]) return 0;
-    }
-    return 1;
-}
-
-/* Whether the key matches a prompt pattern: the whole key, or a prefix for a pattern that ended
- * in '*', ASCII letters in any case (_decode.PROMPT_PATTERNS, _decode.is_prompt_key). */
+/* Whether the key matches a prompt pattern. A key of the configuration (typed, apart, once or a
+ * pattern's exact key) had its answer computed by make_config; others are matched here. */
 static int is_prompt(const Cfg *cfg, const KEnt *e, const uint8_t *k, size_t kl) {
-    if (e && e->prompt) return 1;
-    for (int i = 0; i < cfg->npfx; i++)
-        if ((cfg->pfxexact[i] ? kl == cfg->pfxlen[i] : kl >= cfg->pfxlen[i])
-            && ascii_ieq(k, cfg->pfx[i], cfg->pfxlen[i]))
-            return 1;
-    return 0;
+    if (e) return e->prompt;
+    return matches_pattern(cfg, k, kl);
 }
 
 /* Whether a typed column of `type` holds the value of `c` exactly: the same kind (no conversion),
