@@ -71,6 +71,8 @@ class Exporter:
             self._metrics.inc("candidate_texts_malformed", batch.candidate_json_malformed)
         if batch.prompt_values_dropped:
             self._metrics.inc("prompt_values_dropped", batch.prompt_values_dropped)
+        if batch.duplicate_spans:  # copies within the request: ignored like stored duplicates
+            self._metrics.inc("spans_duplicate", batch.duplicate_spans)
         if not batch.accepted:
             return None
         fut = self._consumer.submit(spans=batch.spans, events=batch.events)

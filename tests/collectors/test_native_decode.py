@@ -395,6 +395,24 @@ def test_repeated_span_id_keeps_one_copy_with_its_own_events() -> None:
     assert batch is not None and batch.accepted == 1 and batch.duplicate_spans == 1
 
 
+def test_repeated_span_id_is_stored_once_over_http(collector: Any) -> None:
+    """Through a collector into the store: one span, its own events, the copy counted."""
+    import pyarrow.ipc
+
+    first = span(1, [kv("copy", "first")], events=[Span.Event(name="a", time_unix_nano=NOW)])
+    second = span(1, [kv("copy", "second")], events=[Span.Event(name=n, time_unix_nano=NOW) for n in "bcd"])
+    r = httpx.post(collector.traces_url, content=request(first, second),
+                   headers={"content-type": "application/x-protobuf"}, timeout=60)
+    assert r.status_code == 200, r.text
+    q = httpx.post(collector.query_url, headers={"x-routeaudit-query": "1"}, timeout=60, json={
+        "sql": "select (select count(*) from raw_spans) as spans, (select list(name order by name) "
+               "from raw_span_events) as events, (select max(attributes::varchar) from raw_spans) as a"})
+    assert q.status_code == 200, q.text
+    (row,) = pyarrow.ipc.open_stream(q.content).read_all().to_pylist()
+    assert row == {"spans": 1, "events": ["a"], "a": '{"copy": "first"}'}
+    assert collector.health()["counters"]["spans_duplicate"] == 1
+
+
 def test_event_time_and_limits_native() -> None:
     evs = [Span.Event(name="a", time_unix_nano=0), Span.Event(name="b", time_unix_nano=NOW + 3),
            Span.Event(name="c", time_unix_nano=2**64 - 1, attributes=[kv("e", "é" * 20_000)])]
