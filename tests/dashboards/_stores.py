@@ -182,6 +182,8 @@ _MART_SQL = {
             status,
             case when status = 'ok' then 200 when status = 'error' then 503 end::bigint
                 as http_status,
+            case when status <> 'ok' then 'client' end as failure_source,
+            case when status = 'error' then 'HTTP 503' end as failure_reason,
             router_id, policy, (case when i % 29 = 1 then 2 else 1 end)::bigint as attempts,
             chosen_replica, chosen_replica as served_by,
             predicted::bigint as predicted_cached_tokens,
