@@ -38,6 +38,7 @@ _ALLOWED: Final = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.E
 READ_TABLE_FUNCTIONS: Final = frozenset({
     # generators and unnesting
     "range", "generate_series", "unnest", "repeat", "repeat_row", "json_each", "json_tree",
+    "query_table",  # reads the tables it is given by name, nothing else
     "summary", "test_all_types", "test_vector_types",
     # catalog and settings, read only
     "duckdb_columns", "duckdb_constraints", "duckdb_databases", "duckdb_dependencies",

@@ -105,6 +105,8 @@ class Store:
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._closed = False
+        self._stopping = False
+        self._refresh_stop = QueryCancel()
         self.query_limits = query_limits
         self._active: set[QueryCancel] = set()
         self._active_cond = threading.Condition()
@@ -141,6 +143,9 @@ class Store:
             # they still show them, and the counts no longer say how far behind they are.
             self._spans_in_relations = None
             self._dirty = True
+        elif self._spans_in_relations is None or self._spans_in_relations < self._spans_stored:
+            # A writer stopped before its relations caught up (a prompt stop): this one rebuilds.
+            self._dirty = True
         if not _views_current(self._con):
             # Relations are rebuilt when the SQL changed since this store was last refreshed.
             self.refresh()
@@ -170,7 +175,11 @@ class Store:
             started = time.perf_counter()
             self._dirty = False
             cur = self._con.cursor()
+            stop = self._refresh_stop = QueryCancel()
             try:
+                if self._stopping:
+                    raise StoreError("the store is stopping: refresh skipped")
+                stop._bind(cur)
                 self._spans_in_relations = _relations.refresh(cur, before_commit=_record_refresh)
             except BaseException as exc:
                 self._dirty = True
@@ -184,11 +193,19 @@ class Store:
                 self._refresh_failures = 0
                 self.last_refresh_error = None
             finally:
+                stop._unbind()
                 cur.close()
                 # a failed attempt's cost counts for pacing as a refresh's does
                 self._last_refresh = self._clock()
                 self.last_refresh_s = time.perf_counter() - started
             return self.last_refresh_s
+
+    @property
+    def rebuild_is_slow(self) -> bool:
+        """Whether the last rebuild took longer than a query waits for one
+        (:data:`QUERY_REFRESH_BUDGET_S`): a large store, whose readers read the relations as
+        last built."""
+        return self.last_refresh_s > QUERY_REFRESH_BUDGET_S
 
     @property
     def refresh_gap_s(self) -> float:
@@ -306,6 +323,14 @@ class Store:
                 self._active.discard(cancel)
                 self._active_cond.notify_all()
 
+    def stop_work(self) -> None:
+        """Stop what would hold a prompt shutdown: interrupt a running rebuild of the relations
+        (it rolls back; the relations stay as last built, and the counts say how far behind they
+        are) and every running read query. Appends are not touched. Later refreshes are skipped."""
+        self._stopping = True
+        self._refresh_stop.cancel("the store is stopping")
+        self.cancel_queries("the collector is stopping")
+
     def cancel_queries(self, reason: str = "the store is closing", wait_s: float = 10.0) -> int:
         """Stop every read query running on this store and wait (at most ``wait_s``) until they
         have ended; returns how many were stopped."""
@@ -329,7 +354,7 @@ class Store:
         # A running ad-hoc query would hold the close (and its checkpoint) for as long as it runs.
         self.cancel_queries()
         try:
-            if self._dirty:
+            if self._dirty and not self._stopping:
                 self.refresh()
         finally:
             with self._lock:

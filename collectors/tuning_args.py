@@ -1,5 +1,5 @@
 """The collector's tuning and limit flags (queue, commits, rebuild pacing, the store's threads and
-memory, request sizes, timeouts, connections, allowed hosts and origins), defined once for
+memory, request sizes, timeouts, connections, allowed hosts and origins, query limits), defined once for
 ``routeaudit collect`` and ``python -m collectors.otlp`` so the two cannot drift apart
 (docs/operations.md names them). Imports nothing of the receiver, so ``routeaudit --help``
 stays quick; each flag left out keeps ``CollectorConfig``'s default.
@@ -51,6 +51,12 @@ _FLAGS: Final[tuple[tuple[str, str, type, str, str], ...]] = (
      "retry delay suggested with 429/503 and RESOURCE_EXHAUSTED/UNAVAILABLE (default 1)"),
     ("--shutdown-grace", "shutdown_grace_s", float, "S",
      "on SIGTERM, seconds each transport lets in-flight requests finish (default 5)"),
+    ("--query-timeout", "query_timeout_s", float, "S",
+     "seconds a query through the collector may run before it is stopped (default 300)"),
+    ("--query-max-rows", "query_max_rows", int, "N",
+     "rows a query's answer may hold; beyond, it is stopped (default 5,000,000)"),
+    ("--query-max-bytes", "query_max_bytes", int, "N",
+     "bytes a query's answer may hold; beyond, it is stopped (default 1 GiB)"),
     ("--log-repeat-interval", "log_repeat_interval_s", float, "S",
      "the same warning is logged at most once per this many seconds, with a count (default 10)"),
 )

@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from audit import Store, StoreError, sidecar_path
+from audit import QueryLimits, Store, StoreError, sidecar_path
 from collectors.otlp._errors import QueueFull, StartError, WriterUnavailable
 from collectors.otlp._export import Exporter
 from collectors.otlp._grpc import GrpcLimits, GrpcReceiver, GrpcServer
@@ -148,7 +148,10 @@ class Collector:
             store = Store(cfg.db_path, refresh_interval_s=cfg.refresh_interval_s,
                           refresh_max_share=cfg.refresh_max_share, background_refresh=True,
                           threads=cfg.store_threads,
-                          memory_limit=cfg.store_memory_limit)
+                          memory_limit=cfg.store_memory_limit,
+                          query_limits=QueryLimits(timeout_s=cfg.query_timeout_s,
+                                                   max_rows=cfg.query_max_rows,
+                                                   max_bytes=cfg.query_max_bytes))
         except BaseException as exc:
             sock.close()
             if isinstance(exc, StoreError):
@@ -262,6 +265,16 @@ class Collector:
 
     def _shutdown(self) -> None:
         self._refresh_stop.set()
+        store = self._store
+        if store is not None:
+            # Running ad-hoc queries would hold the stop for as long as they run. A store whose
+            # rebuild is slow (a large one) stops without waiting for it: the rebuild rolls back,
+            # the relations stay as last built, and the next writer catches up. A quick one still
+            # refreshes at close, so a finished run's store is current.
+            if store.rebuild_is_slow:
+                _quietly(store.stop_work)
+            else:
+                _quietly(lambda: store.cancel_queries("the collector is stopping"))
         if self._refresher is not None:
             _quietly(lambda: self._refresher.join(120) if self._refresher else None)
             self._refresher = None

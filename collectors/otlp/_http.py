@@ -37,6 +37,7 @@ What a web page must not do to this port, and why it cannot:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import ipaddress
 import json
@@ -61,7 +62,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from audit import AuditError, Store
+from audit import AuditError, QueryCancel, Store
 from collectors.otlp._decode import json_to_protobuf
 from collectors.otlp._errors import (
     BadRequest,
@@ -86,6 +87,8 @@ log = logging.getLogger("routeaudit.collector")
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPES = ("application/json",)
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+QUERY_DISCONNECT_POLL_S = 0.25
+"""How often a running query checks whether its client is still there."""
 QUERY_HEADER = "x-routeaudit-query"
 """Header (value ``1``) every query must carry: a browser cannot add it without a preflight."""
 
@@ -233,8 +236,7 @@ class HttpReceiver:
                     and all(isinstance(v, (int, float, str)) and not isinstance(v, bool)
                             for v in variables.values())):
                 raise BadRequest('"variables" must be an object of numbers or strings')
-            table = await run_in_threadpool(self._store.query_arrow, doc["sql"], params or None,
-                                            variables or None)
+            table = await self._run_query(request, doc["sql"], params or None, variables or None)
             payload = await run_in_threadpool(_ipc_stream, table)
         except (AuditError, ExportRefused, ClientDisconnect) as exc:
             return self._error_json(exc, origin=origin)
@@ -243,6 +245,21 @@ class HttpReceiver:
             return self._error_json(BadRequest(one_line(exc)), origin=origin)
         self._metrics.request("query", 200)
         return Response(payload, media_type=ARROW_STREAM, headers=_cors_headers(origin))
+
+    async def _run_query(self, request: Request, sql: str, params: list[Any] | None,
+                         variables: dict[str, Any] | None) -> pa.Table:
+        """Run the query on a worker thread; stop it when the client goes away (a browser tab
+        closed, a script interrupted), so it does not run on for nobody."""
+        cancel = QueryCancel()
+        work = asyncio.ensure_future(run_in_threadpool(
+            functools.partial(self._store.query_arrow, sql, params, variables, cancel=cancel)))
+        while not work.done():
+            done, _ = await asyncio.wait({work}, timeout=QUERY_DISCONNECT_POLL_S)
+            if not done and await request.is_disconnected():
+                cancel.cancel("the client went away")
+                self._metrics.inc("queries_cancelled")
+                break
+        return await work
 
     def _error_json(self, exc: BaseException, route: str = "query", origin: str | None = None) -> Response:
         if isinstance(exc, (AuditError, ClientDisconnect)):

@@ -48,6 +48,7 @@ _COUNTERS = {
                          "held max_inflight_bytes of bodies",
     "connections_refused": "HTTP connections answered 503 and closed at once because max_connections were open",
     "header_timeouts": "HTTP connections closed because a request's headers did not arrive within header_timeout_s",
+    "queries_cancelled": "Queries through /routeaudit/query stopped because their client went away",
     "log_lines_suppressed": "Repeated warnings left out of the log (at most one per log_repeat_interval_s)",
 }
 

@@ -96,6 +96,13 @@ DEFAULT_GRPC_MAX_CONCURRENT_RPCS: Final = 64
 """Export RPCs running or queued for a handler thread; beyond → ``RESOURCE_EXHAUSTED``."""
 DEFAULT_SHUTDOWN_GRACE_S: Final = 5.0
 """On stop (SIGTERM), how long each transport lets in-flight requests finish before closing."""
+DEFAULT_QUERY_TIMEOUT_S: Final = 300.0
+"""A query through ``POST /routeaudit/query`` is interrupted after this long (a runaway ad-hoc
+query must not hold a core of the collector)."""
+DEFAULT_QUERY_MAX_ROWS: Final = 5_000_000
+"""Rows one query's answer may hold; beyond, the query is stopped with a one-line error."""
+DEFAULT_QUERY_MAX_BYTES: Final = 1 << 30
+"""Arrow bytes one query's answer may hold (1 GiB)."""
 DEFAULT_LOG_REPEAT_INTERVAL_S: Final = 10.0
 """The same warning (same logger and message) is logged at most once per this many seconds;
 the next line says how many were left out."""
@@ -167,6 +174,12 @@ class CollectorConfig:
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
     """Seconds each transport lets in-flight requests finish on stop."""
     log_repeat_interval_s: float = DEFAULT_LOG_REPEAT_INTERVAL_S
+    query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
+    """Seconds a read query may run before it is interrupted (``DEFAULT_QUERY_TIMEOUT_S``)."""
+    query_max_rows: int = DEFAULT_QUERY_MAX_ROWS
+    """Rows a read query's answer may hold (``DEFAULT_QUERY_MAX_ROWS``)."""
+    query_max_bytes: int = DEFAULT_QUERY_MAX_BYTES
+    """Arrow bytes a read query's answer may hold (``DEFAULT_QUERY_MAX_BYTES``)."""
     """At most one line per this many seconds for the same warning (``DEFAULT_LOG_REPEAT_INTERVAL_S``)."""
     host: str | None = None
     """Shorthand for the command line: when given, sets both ``http_host`` and ``grpc_host``
@@ -210,7 +223,8 @@ class CollectorConfig:
             )
         for name in ("max_body_bytes", "max_decompressed_bytes", "queue_max_spans",
                      "max_group_batches", "max_group_spans", "grpc_max_workers", "store_threads",
-                     "max_inflight_bytes", "max_connections", "grpc_max_concurrent_rpcs"):
+                     "max_inflight_bytes", "max_connections", "grpc_max_concurrent_rpcs",
+                     "query_max_rows", "query_max_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -232,7 +246,7 @@ class CollectorConfig:
                 and 0 < self.refresh_max_share <= 1):
             raise ConfigError(f"refresh_max_share must be in (0, 1], got {self.refresh_max_share!r}")
         for name in ("body_timeout_s", "header_timeout_s", "idle_timeout_s", "shutdown_grace_s",
-                     "log_repeat_interval_s"):
+                     "log_repeat_interval_s", "query_timeout_s"):
             value = getattr(self, name)
             if (not isinstance(value, (int, float)) or isinstance(value, bool)
                     or not 0 < value < float("inf")):

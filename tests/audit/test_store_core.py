@@ -66,8 +66,10 @@ def test_events_are_stored_once_with_their_spans(store_path: Path, keyed: bool) 
     their span are each stored once. A store created with the old key keeps it and its rule."""
     if keyed:  # the DDL before the key was dropped
         con = duckdb.connect(str(store_path))
-        con.execute(raw_ddl("raw_span_events").replace(
-            "c_dp_rank BIGINT\n", "c_dp_rank BIGINT,\n    primary key (trace_id, span_id, event_index)\n"))
+        ddl = raw_ddl("raw_span_events")
+        assert "c_dp_rank bigint\n" in ddl
+        con.execute(ddl.replace(
+            "c_dp_rank bigint\n", "c_dp_rank bigint,\n    primary key (trace_id, span_id, event_index)\n"))
         con.close()
     a, b, c = "000000000000000a", "000000000000000b", "000000000000000c"
     store = Store(store_path)
