@@ -216,7 +216,10 @@ CANDIDATE_TELEMETRY_AGE_MS: Final = "routeaudit.candidate.telemetry_age_ms"
 """Age of that telemetry at decision time, ms (decision time minus telemetry_ts)."""
 
 CANDIDATE_PENDING: Final = "routeaudit.candidate.pending"
-"""Assignments the router made to this replica not yet reflected in its telemetry."""
+"""Assignments this router sent to the replica after the telemetry sample it used was taken, so
+not yet counted in it. A fact, whatever the policy: a router with pending correction adds them to
+the load it weighs; one without still sends the count when it tracks it. A router that does not
+know leaves the attribute out (unknown), never 0 (0 says nothing was outstanding)."""
 
 CANDIDATE_PREDICTED_CACHED_TOKENS: Final = "routeaudit.candidate.predicted_cached_tokens"
 """Prompt tokens the router predicted this replica had cached (its own prefix view)."""

@@ -32,17 +32,6 @@ from urllib.request import urlopen
 
 from ._errors import RouterStartError
 
-__all__ = [
-    "RouterProcess",
-    "RouterStartError",
-    "free_port",
-    "free_ports",
-    "smg_available",
-    "start_smg",
-    "start_vllm_router",
-    "vllm_router_available",
-]
-
 DEFAULT_READY_TIMEOUT_S: Final = 60.0
 """Longest wait for ``/health`` = 200 (SMG and vllm-router are ready in about 1-2 s on loopback
 once the workers answer ``/health``)."""

@@ -28,6 +28,14 @@ def test_every_semconv_constant_is_documented(name: str) -> None:
         assert f"`{value}`" in text, f"value {value!r} of {name} missing from docs/semconv.md"
 
 
+def test_semconv_doc_sections_are_whole() -> None:
+    """Each group of attributes is one section with one table (no stray or repeated headings)."""
+    text = (DOCS / "semconv.md").read_text("utf-8")
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert "None" not in headings
+    assert len(headings) == len(set(headings)), [h for h in headings if headings.count(h) > 1]
+
+
 def test_every_mart_column_is_documented(scenario_store: Store) -> None:
     text = (DOCS / "schema.md").read_text("utf-8")
     store = scenario_store
