@@ -191,7 +191,8 @@ def testbed_command(args: argparse.Namespace) -> int:
 
     requests = live.live_requests(args.workload, args.requests, args.seed,
                                   stream_fraction=args.stream_fraction,
-                                  max_tokens=args.max_tokens, time_scale=args.time_scale)
+                                  max_tokens=args.max_tokens, time_scale=args.time_scale,
+                                  model=args.model)
     provider = live.make_tracer_provider("client", "client-0", otlp_endpoint=args.otlp_endpoint,
                                          run_id=args.run_id)
     try:
@@ -204,6 +205,10 @@ def testbed_command(args: argparse.Namespace) -> int:
     for r in results:
         by_status[r.status] = by_status.get(r.status, 0) + 1
     print(f"{len(results)} requests sent: {dict(sorted(by_status.items()))}")
+    failed = next((r for r in results if r.status != "ok"), None)
+    if failed is not None:
+        # The first failure usually says what is wrong for all (a missing model, a wrong URL).
+        print(f"first failure ({failed.request_id}): {failed.status}: {failed.error or 'no detail'}")
     return 0
 
 

@@ -175,7 +175,36 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
            "--server.headless", "true", "--browser.gatherUsageStats", "false",
            "--client.toolbarMode", "viewer"]
     print(f"routeaudit dashboard on http://{args.host}:{args.port} (store {db})", flush=True)
-    return subprocess.call(cmd, env=env)
+    return _run_until_stopped(cmd, env)
+
+
+def _run_until_stopped(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` as a child and stop it when this process is stopped (SIGTERM, SIGHUP, Ctrl-C),
+    so that stopping ``routeaudit dashboard`` never leaves its server running."""
+    import signal
+
+    child = subprocess.Popen(cmd, env=env)
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
 
 
 def cmd_sample_data(args: argparse.Namespace) -> int:
@@ -319,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--stream-fraction", type=float, default=0.5)
     q.add_argument("--max-tokens", type=int, default=256)
     q.add_argument("--time-scale", type=float, default=1.0, help="multiplies arrival offsets")
+    q.add_argument("--model", default=None,
+                   help="the model name sent in each request (routers such as SMG require one)")
     q.add_argument("--otlp-endpoint", default="http://127.0.0.1:4318/v1/traces")
     q.add_argument("--run-id", default=None)
     q.set_defaults(func=cmd_testbed)

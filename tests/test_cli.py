@@ -137,3 +137,107 @@ def test_attribute_says_when_the_relations_lag(store_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "note: Relations rebuilt" in out.stdout
     assert "1 span stored since then is not in them yet" in out.stdout
+
+
+class _ModelCheckingServer:
+    """A real HTTP server that answers like SMG: 400 "missing field `model`" unless the body
+    names a model, else a minimal OpenAI completion."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen: list[object] = []
+        self.seen = seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                seen.append(body.get("model"))
+                if "model" not in body:
+                    status, answer = 400, b"Failed to deserialize the JSON body: missing field `model`"
+                else:
+                    status, answer = 200, json.dumps({
+                        "id": "cmpl-1", "object": "text_completion", "model": body["model"],
+                        "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5},
+                    }).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json" if status == 200 else "text/plain")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_testbed_load_sends_the_model_and_names_the_first_failure() -> None:
+    server = _ModelCheckingServer()
+    try:
+        common = ("testbed", "load", "--url", server.url, "--requests", "3", "--stream-fraction", "0",
+                  "--time-scale", "0", "--otlp-endpoint", "")
+        out = run(*common)
+        assert out.returncode == 0, out.stderr
+        assert "'error': 3" in out.stdout
+        assert "first failure" in out.stdout and "HTTP 400" in out.stdout and "missing field `model`" in out.stdout
+        out = run(*common, "--model", "tiny")
+        assert out.returncode == 0, out.stderr
+        assert "'ok': 3" in out.stdout and "first failure" not in out.stdout
+        assert server.seen[-3:] == ["tiny", "tiny", "tiny"]
+    finally:
+        server.close()
+
+
+def test_stopping_the_dashboard_stops_its_server(store_path: Path) -> None:
+    import os
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    from collectors.routers import free_port
+
+    Store(store_path).close()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "routeaudit", "dashboard", "--db", str(store_path),
+                             "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail("the dashboard did not start")
+        proc.send_signal(signal.SIGTERM)  # to routeaudit alone, not its process group
+        assert proc.wait(30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) != 0:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the Streamlit server still listens after routeaudit dashboard stopped")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
+        except ProcessLookupError:
+            pass

@@ -88,7 +88,7 @@ async def arun_load(
                 results.append(res)
                 bar.update(1)
                 if res.status != "ok":
-                    bar.set_postfix_str(f"last {res.status}", refresh=False)
+                    bar.set_postfix_str(f"last {res.status}: {(res.error or '')[:60]}", refresh=False)
             finally:
                 slots.release()
 
