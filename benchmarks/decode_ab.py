@@ -1,7 +1,7 @@
 """The hand-written C codecs against maintained libraries, and ingest before/after, in one run.
 
     pip install ptars==0.0.25     # only this benchmark needs it
-    python3 benchmarks/decode_ab.py --before REV [--rounds 2] [--seconds 20]
+    python3 benchmarks/decode_ab.py --before REV [--rounds 2] [--seconds 20] [--ptars-rev REV]
 
 Each figure is taken in a fresh process, rounds interleaved, so that the ratios of one run can
 be compared (the machine is shared; rounds show the spread):
@@ -10,8 +10,9 @@ be compared (the machine is shared; rounds show the spread):
    requests of testbed spans, about 1.5 KB of protobuf a span), best of 3:
    ``c``: ``collectors.otlp._decode.decode_protobuf`` with the C decoder (``_native.c``);
    ``python``: the same call without the C code (upb messages + Python, the reference path);
-   ``ptars``: the prototype without hand-written C (benchmarks/ptars_prototype: ptars parses the
-   protobuf into a nested Arrow batch, Arrow compute flattens it and writes the JSON). Its
+   ``ptars``: the prototype without hand-written C (ptars parses the protobuf into a nested Arrow
+   batch, Arrow compute flattens it and writes the JSON). It is a fork of the decoder kept out of
+   the tree, read from git at ``--ptars-rev`` (``benchmarks/ptars_prototype`` there). Its
    tables are first checked equal to the C decoder's.
 2. OTLP/JSON → protobuf bytes, spans per CPU second: ``c``: the C transcoder
    (``_json_native.c``); ``orjson``: ``orjson.loads`` + the upb constructors
@@ -42,6 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 import ingest  # noqa: E402
 
+PTARS_REV = "a3ea506"
+"""The commit whose ``benchmarks/ptars_prototype`` is the ptars decoder measured."""
+
 SWAPPED = ("setup.py", "collectors")
 """Paths taken from ``REV`` for the "before" tree."""
 
@@ -50,7 +54,7 @@ import pickle, sys, time
 kind, path = sys.argv[1], sys.argv[2]
 bodies = pickle.loads(open(path, "rb").read())
 if kind == "ptars":
-    sys.path.insert(0, "benchmarks")
+    sys.path.insert(0, sys.argv[3])
     from ptars_prototype.decode import decode_protobuf
     from collectors.otlp._decode import decode_protobuf as reference
     for b in bodies:
@@ -131,6 +135,15 @@ def export_tree(rev: str, dest: Path) -> Path:
     return dest
 
 
+def export_prototype(rev: str, dest: Path) -> Path:
+    """``benchmarks/ptars_prototype`` as of ``rev``, under ``dest`` (put ``dest`` on the path)."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "benchmarks/ptars_prototype"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "--strip-components=1", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
 def _run(tree: Path, code: str, *args: str) -> str:
     env = dict(os.environ, PYTHONPATH=str(tree))
     return subprocess.run([sys.executable, "-c", code, *args], cwd=tree, env=env, check=True,
@@ -145,11 +158,14 @@ def main() -> None:
     ap.add_argument("--senders", type=int, default=4)
     ap.add_argument("--calls", type=int, default=20000, help="candidates JSON calls per figure")
     ap.add_argument("--skip", nargs="*", default=[], choices=["decode", "json", "record", "ingest"])
+    ap.add_argument("--ptars-rev", default=PTARS_REV, metavar="REV",
+                    help="commit holding benchmarks/ptars_prototype (default %(default)s)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ra-ab-") as tmp:
         cache = Path(tmp) / "templates.pkl"
         bodies = ingest.make_templates(512, 512, cache)
         before = export_tree(args.before, Path(tmp) / "before") if "ingest" not in args.skip else ROOT
+        prototype = export_prototype(args.ptars_rev, Path(tmp) / "prototype") if "decode" not in args.skip else ROOT
         print(f"machine: nproc {os.cpu_count()}, load {os.getloadavg()[0]:.1f}; {len(bodies)} requests "
               f"of 512 spans; ingest before = {args.before}, after = working tree", flush=True)
         results: dict[str, list[float]] = {}
@@ -160,7 +176,7 @@ def main() -> None:
         for rnd in range(args.rounds):
             if "decode" not in args.skip:
                 for kind in ("c", "python", "ptars"):
-                    note(f"decode spans/s {kind}", float(_run(ROOT, _DECODE, kind, str(cache))))
+                    note(f"decode spans/s {kind}", float(_run(ROOT, _DECODE, kind, str(cache), str(prototype))))
             if "json" not in args.skip:
                 for kind in ("c", "orjson"):
                     note(f"OTLP/JSON→protobuf spans/s {kind}", float(_run(ROOT, _JSON, kind, str(cache))))

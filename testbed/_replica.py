@@ -207,25 +207,24 @@ class Replica:
                     self._step_start + new_k * self._run_dt, PRIO_STEP, self._end_step
                 )
 
-    def _finish(self, seq: Seq, reason: str) -> None:
+    def _release(self, seq: Seq) -> None:
+        """Give back the cache entries and blocks ``seq`` holds."""
         pool = self.pool
         for e in seq.refs:
             pool.release(e)
         seq.refs = []
         pool.release_blocks(seq.own)
         seq.own = 0
+
+    def _finish(self, seq: Seq, reason: str) -> None:
+        self._release(seq)
         seq.state = DONE
         seq.finish_reason = reason
         seq.t_finish = self.env.now
         self.on_finish(seq)
 
     def _preempt(self, seq: Seq) -> None:
-        pool = self.pool
-        for e in seq.refs:
-            pool.release(e)
-        seq.refs = []
-        pool.release_blocks(seq.own)
-        seq.own = 0
+        self._release(seq)
         self.running.remove(seq)
         self.rem_prefill -= seq.target - seq.computed
         seq.target = seq.req.input_tokens + seq.generated

@@ -23,7 +23,7 @@ import math
 import os
 import random
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import IO, Any, Final
 
@@ -119,6 +119,20 @@ def read_trace(name: str, path: str | None = None) -> tuple[str, list[str]]:
 _MOONCAKE_BLOCK = 512
 
 
+def _json_objects(path: str, lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The JSON object on each non-blank line of a JSONL trace, with its line number."""
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"invalid JSON ({exc.msg})", path=path, line=line_no) from None
+        if not isinstance(obj, dict):
+            raise WorkloadError("expected a JSON object", path=path, line=line_no)
+        yield line_no, obj
+
+
 def _int_field(obj: dict[str, Any], key: str, path: str, line: int, *, minimum: int = 0) -> int:
     if key not in obj:
         raise WorkloadError(f"missing field {key!r}", path=path, line=line)
@@ -174,17 +188,9 @@ def load_mooncake(path: str | None = None, *, max_tokens: int = 2048, time_scale
     """
     path, lines = read_trace("mooncake", path)
     reqs: list[Request] = []
-    for line_no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for line_no, obj in _json_objects(path, lines):
         if limit is not None and fraction is None and len(reqs) >= limit:
             break
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"invalid JSON ({exc.msg})", path=path, line=line_no) from None
-        if not isinstance(obj, dict):
-            raise WorkloadError("expected a JSON object", path=path, line=line_no)
         ts = _int_field(obj, "timestamp", path, line_no)
         inp = _int_field(obj, "input_length", path, line_no, minimum=1)
         out = _int_field(obj, "output_length", path, line_no)
@@ -273,15 +279,7 @@ def load_aibrix(path: str | None = None, *, max_tokens: int = 2048, time_scale: 
     """
     path, lines = read_trace("aibrix", path)
     reqs: list[Request] = []
-    for line_no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"invalid JSON ({exc.msg})", path=path, line=line_no) from None
-        if not isinstance(obj, dict):
-            raise WorkloadError("expected a JSON object", path=path, line=line_no)
+    for line_no, obj in _json_objects(path, lines):
         ts = _int_field(obj, "timestamp", path, line_no)
         items = obj.get("requests")
         if not isinstance(items, list) or not items:
