@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -201,10 +203,6 @@ def test_testbed_load_sends_the_model_and_names_the_first_failure() -> None:
 def test_stopping_the_dashboard_stops_its_server(store_path: Path) -> None:
     import os
     import signal
-    import socket
-    import time
-
-    import httpx
 
     from collectors.routers import free_port
 
@@ -214,26 +212,10 @@ def test_stopping_the_dashboard_stops_its_server(store_path: Path) -> None:
                              "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail("the dashboard did not start")
+        assert _until(lambda: _health(port) == 200, 90), "the dashboard did not start"
         proc.send_signal(signal.SIGTERM)  # to routeaudit alone, not its process group
         assert proc.wait(30) == 128 + signal.SIGTERM
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) != 0:
-                    break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the Streamlit server still listens after routeaudit dashboard stopped")
+        assert _until(lambda: not _listens(port), 30), "Streamlit still listens after the dashboard stopped"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -241,3 +223,28 @@ def test_stopping_the_dashboard_stops_its_server(store_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
         except ProcessLookupError:
             pass
+
+
+def _until(predicate: Callable[[], bool], seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _health(port: int) -> int | None:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def _listens(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
