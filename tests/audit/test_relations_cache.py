@@ -170,13 +170,13 @@ def test_a_scope_gives_the_same_live_rows(sample_store: Path) -> None:
     con.close()
 
     reader = audit.open(sample_store)
-    for slo, request in (({"ttft_ms": 300.0, "tpot_ms": 100.0}, slow), (None, slow_at_default)):
+    for slo, request in ((audit.SLO(ttft_ms=300.0, tpot_ms=100.0), slow), (None, slow_at_default)):
         (key,) = reader.query("select request_key from requests where request_id = ?",
                               [request])["request_key"]
         got = queries.request_attributions(reader, key, slo)
         live = reader.query("select * from attributions where request_key = ? "
                             "order by is_primary desc, excess_ms desc nulls last", [key],
-                            slo=audit.SLO(**slo) if slo else None)
+                            slo=slo)
         assert got.equals(live) and got.height > 0
 
 
@@ -193,7 +193,7 @@ def test_the_slow_page_query_is_the_two_queries(sample_store: Path) -> None:
         {"limit": 3}, {"policy": "cache_aware", "run": run},
     ]
     seen_rows = 0
-    for slo in (None, {"ttft_ms": 300.0, "tpot_ms": 100.0}, {"ttft_ms": 60_000.0, "tpot_ms": 1e4}):
+    for slo in (None, audit.SLO(ttft_ms=300.0, tpot_ms=100.0), audit.SLO(ttft_ms=60_000.0, tpot_ms=1e4)):
         for kw in cases:
             page = queries.slow_page(reader, slo, **kw)  # type: ignore[arg-type]
             limit = kw.pop("limit", None)
