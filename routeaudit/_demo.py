@@ -40,14 +40,18 @@ def _remove_store(db: Path) -> None:
 
 
 def replay_into_store(db: Path, runs: list[tuple[str, str | None]], *, n_requests: int | None,
-                      seed: int, progress: bool, ground_truth: Path | None) -> list[Any]:
+                      seed: int, progress: bool, ground_truth: Path | None,
+                      trace: Path | None = None) -> list[Any]:
     """Run testbed scenarios through OTel → OTLP/HTTP → a collector writing ``db``."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     import testbed
     from collectors.otlp import Collector, default_config
     from testbed.emit import OTelEmitter
+    from testbed.workloads import load_trace
 
+    # A recorded trace is read (and checked) before the collector starts: a bad file is one line.
+    workload: Any = "mooncake" if trace is None else load_trace(str(trace), limit=n_requests)
     summaries = []
     config = default_config(db_path=db, http_port=0, grpc_port=None)
     with Collector(config) as collector:
@@ -61,12 +65,12 @@ def replay_into_store(db: Path, runs: list[tuple[str, str | None]], *, n_request
             emitter = OTelEmitter(OTLPSpanExporter(endpoint=collector.traces_url, timeout=60))
             summaries.append(testbed.run_scenario(
                 scenario, seed=seed, n_requests=n_requests, emitter=emitter,
-                ground_truth_path=gt, progress=progress, policy=policy))
+                ground_truth_path=gt, progress=progress, policy=policy, workload=workload))
     return summaries
 
 
 def run_demo(*, db: Path, scenario: str, n_requests: int | None, seed: int, slo: SLO | None,
-             progress: bool) -> int:
+             progress: bool, trace: Path | None = None) -> int:
     """``routeaudit demo``: replay a scenario into a fresh store, judge it, print a summary."""
     import audit
     from audit.attribution import summary_text
@@ -74,15 +78,17 @@ def run_demo(*, db: Path, scenario: str, n_requests: int | None, seed: int, slo:
     if db.exists():
         print(f"replacing the existing store {db}", flush=True)
         _remove_store(db)
-    n = n_requests if n_requests is not None else DEFAULT_DEMO_REQUESTS
+    # A trace of one's own is replayed whole unless asked otherwise.
+    n = n_requests if n_requests is not None or trace is not None else DEFAULT_DEMO_REQUESTS
     started = time.perf_counter()
     (summary,) = replay_into_store(db, [(scenario, None)], n_requests=n, seed=seed,
-                                   progress=progress, ground_truth=_ground_truth_path(db))
+                                   progress=progress, ground_truth=_ground_truth_path(db), trace=trace)
     elapsed = time.perf_counter() - started
     reader = audit.open(db, slo=slo)
     spans = reader.query("select count(*) as n from raw_spans")["n"][0]
     stored = reader.query("select count(*) as n from requests where has_client")["n"][0]
-    print(f"\nreplayed {summary.n_requests} requests of scenario {scenario!r} "
+    source = f" of {trace}" if trace is not None else ""
+    print(f"\nreplayed {summary.n_requests} requests{source} under scenario {scenario!r} "
           f"(run {summary.run_id}) in {elapsed:.1f} s; {spans} spans stored in {db}")
     if stored != summary.n_requests:
         print(f"warning: {summary.n_requests - stored} requests did not reach the store "
@@ -188,8 +194,10 @@ def testbed_command(args: argparse.Namespace) -> int:
                           seed=args.seed)
         return 0
     from collectors.client import run_load
+    from testbed.workloads import load_trace
 
-    requests = live.live_requests(args.workload, args.requests, args.seed,
+    workload = args.workload if args.trace is None else load_trace(args.trace, limit=args.requests)
+    requests = live.live_requests(workload, args.requests, args.seed,
                                   stream_fraction=args.stream_fraction,
                                   max_tokens=args.max_tokens, time_scale=args.time_scale,
                                   model=args.model)

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     import polars as pl
 
 EXIT_USER_ERROR = 2
+_TRACE_HELP = ("a recorded trace to replay: Mooncake JSONL {timestamp (ms), input_length, output_length, "
+               "hash_ids} or Azure CSV TIMESTAMP,ContextTokens,GeneratedTokens (plain, .gz or .xz)")
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DB = ROOT / "sample_data" / "demo.duckdb"
 
@@ -99,7 +101,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from routeaudit._demo import run_demo
 
     return run_demo(db=Path(args.db), scenario=args.scenario, n_requests=args.requests,
-                    seed=args.seed, slo=_slo(args), progress=not args.quiet)
+                    seed=args.seed, slo=_slo(args), progress=not args.quiet,
+                    trace=Path(args.trace) if args.trace else None)
 
 
 def cmd_attribute(args: argparse.Namespace) -> int:
@@ -262,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a testbed scenario end to end into a store and judge it")
     p.add_argument("--db", default="demo.duckdb")
     p.add_argument("--scenario", default="mixed")
-    p.add_argument("--requests", type=int, default=None, help="requests to replay (default: scenario's)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests to replay (default: 2000, or the whole --trace)")
+    p.add_argument("--trace", default=None, metavar="FILE", help=_TRACE_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_slo_args(p)
@@ -342,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = tb.add_parser("load", help="replay a workload against a URL with the instrumented client")
     q.add_argument("--url", required=True, help="router (or replica) base URL")
     q.add_argument("--workload", default="hot_prefix", help="aibrix, mooncake, hot_prefix, …")
+    q.add_argument("--trace", default=None, metavar="FILE", help=_TRACE_HELP + " (instead of --workload)")
     q.add_argument("--requests", type=int, default=100)
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--concurrency", type=int, default=16)

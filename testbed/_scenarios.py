@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ._config import FleetConfig, RouterConfig
@@ -96,7 +96,7 @@ def prepare_scenario(
     emitter: SpanEmitter | None = None,
     progress: bool = False,
     policy: str | None = None,
-    workload: str = "mooncake",
+    workload: str | Sequence[Request] = "mooncake",
     fleet: FleetConfig | None = None,
     record_log: bool = False,
 ) -> Simulation:
@@ -111,7 +111,9 @@ def prepare_scenario(
     if policy is not None:
         cfg = _router(cfg, policy=policy)
     cfg.validate()
-    reqs = make_workload(workload, n_requests=n_requests, rng=random.Random(rng.getrandbits(64)))
+    workload_rng = random.Random(rng.getrandbits(64))
+    reqs = (make_workload(workload, n_requests=n_requests, rng=workload_rng) if isinstance(workload, str)
+            else list(workload)[:n_requests])
     wl_rng = random.Random(rng.getrandbits(64))
     for s in parts:
         if s.workload is not None:
@@ -130,7 +132,7 @@ def run_scenario(
     ground_truth_path: str | None = None,
     progress: bool = True,
     policy: str | None = None,
-    workload: str = "mooncake",
+    workload: str | Sequence[Request] = "mooncake",
     fleet: FleetConfig | None = None,
 ) -> RunSummary:
     """Run a scenario in virtual time; write ground truth if a path is given (``.jsonl`` or

@@ -402,6 +402,35 @@ WORKLOADS: dict[str, tuple[str, WorkloadFactory]] = {
 """Workload name -> (one-line description, factory ``(n_requests, rng) -> requests``)."""
 
 
+def trace_format(path: str) -> str:
+    """``"mooncake"`` (JSONL with ``input_length``) or ``"azure"`` (CSV with the Azure header),
+    read from the file's first non-blank line; :class:`WorkloadError` for anything else."""
+    _, lines = read_trace("", path)
+    first = next((line.strip() for line in lines if line.strip()), "")
+    if first.startswith("{"):
+        try:
+            obj = json.loads(first)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"invalid JSON ({exc.msg})", path=path, line=1) from None
+        if isinstance(obj, dict) and "input_length" in obj:
+            return "mooncake"
+        raise WorkloadError("a JSONL trace needs Mooncake's fields {timestamp, input_length, "
+                            "output_length, hash_ids}", path=path, line=1)
+    if [h.strip() for h in first.split(",")] == ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
+        return "azure"
+    raise WorkloadError("not a trace this reads: Mooncake JSONL {timestamp, input_length, "
+                        "output_length, hash_ids} or Azure CSV TIMESTAMP,ContextTokens,GeneratedTokens",
+                        path=path, line=1)
+
+
+def load_trace(path: str, *, max_tokens: int = 2048, limit: int | None = None) -> list[Request]:
+    """A recorded trace of one's own as a workload, its format detected (:func:`trace_format`):
+    the first ``limit`` requests in arrival order."""
+    if trace_format(path) == "mooncake":
+        return load_mooncake(path, max_tokens=max_tokens, limit=limit)
+    return load_azure(path, max_tokens=max_tokens, limit=limit)
+
+
 def make_workload(name: str, *, n_requests: int | None = None, rng: random.Random | None = None) -> list[Request]:
     try:
         _, factory = WORKLOADS[name]

@@ -248,3 +248,17 @@ def _listens(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_testbed_load_replays_an_own_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "mine.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:00.0,120,4\n2023-11-16 18:15:00.5,80,3\n2023-11-16 18:15:01.0,60,2\n")
+    server = _ModelCheckingServer()
+    try:
+        out = run("testbed", "load", "--url", server.url, "--trace", str(trace), "--model", "tiny",
+                  "--stream-fraction", "0", "--time-scale", "0", "--otlp-endpoint", "")
+        assert out.returncode == 0, out.stderr
+        assert "3 requests sent: {'ok': 3}" in out.stdout
+    finally:
+        server.close()

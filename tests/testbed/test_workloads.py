@@ -4,6 +4,7 @@ import gzip
 import lzma
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -177,3 +178,54 @@ def test_synthetic_mixes_are_seeded() -> None:
     assert set(WORKLOADS) >= {"mooncake", "azure_code", "azure_conv", "aibrix", "uniform_short",
                               "short_long_mix", "hot_prefix", "bursts"}
     assert len(make_workload("uniform_short", n_requests=10)) == 10
+
+
+def _own_traces(tmp_path: Path) -> tuple[Path, Path]:
+    moon = tmp_path / "mine.jsonl"
+    moon.write_text("".join(
+        f'{{"timestamp": {i * 250}, "input_length": {600 + 10 * i}, "output_length": {20 + i}, '
+        f'"hash_ids": [0, {i + 1}]}}\n' for i in range(12)))
+    azure = tmp_path / "mine.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0000000,{300 + i},{10 + i}\n" for i in range(7)))
+    return moon, azure
+
+
+def test_own_traces_are_read_by_their_format(tmp_path: Path) -> None:
+    from testbed.workloads import load_trace, trace_format
+
+    moon, azure = _own_traces(tmp_path)
+    assert trace_format(str(moon)) == "mooncake" and trace_format(str(azure)) == "azure"
+    reqs = load_trace(str(moon))
+    assert len(reqs) == 12 and reqs[3].input_tokens == 630 and reqs[3].output_tokens == 23
+    assert reqs[-1].arrival_s == pytest.approx(11 * 0.25)
+    assert len(load_trace(str(moon), limit=5)) == 5
+    assert [r.input_tokens for r in load_trace(str(azure))] == list(range(300, 307))
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"timestamp": 0, "prompt": "hi"}\n', "needs Mooncake's fields"),
+    ("a,b,c\n1,2,3\n", "not a trace this reads"),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n{oops\n', "bad.trace:2: invalid JSON"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:00,x,1\n", "integers"),
+])
+def test_bad_own_traces_are_one_line_errors(tmp_path: Path, content: str, message: str) -> None:
+    from testbed.workloads import load_trace
+
+    bad = tmp_path / "bad.trace"
+    bad.write_text(content)
+    with pytest.raises(WorkloadError, match=re.escape(message)) as info:
+        load_trace(str(bad))
+    assert "\n" not in str(info.value) and str(bad) in str(info.value)
+
+
+def test_demo_replays_an_own_trace(tmp_path: Path) -> None:
+    moon, _ = _own_traces(tmp_path)
+    db = tmp_path / "own.duckdb"
+    out = subprocess.run([sys.executable, "-m", "routeaudit", "demo", "--quiet", "--db", str(db),
+                          "--trace", str(moon)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"replayed 12 requests of {moon}" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "routeaudit", "demo", "--quiet", "--db", str(db),
+                          "--trace", str(tmp_path / "missing.jsonl")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
