@@ -72,7 +72,7 @@ final as (
         -- a hash of the grain, computed from the row alone, so that every reference of the
         -- relation as a view gives the same keys (a read-only reader of a store from another
         -- version installs the relations as views) and a new decision leaves the others' keys
-        -- alone (docs/incremental-refresh.md); numbering the rows over the whole table cost as
+        -- alone (docs/architecture.md, "Always-on analysis"); numbering the rows over the whole table cost as
         -- much (a sort of every decision). 125 bits: collisions are negligible, and a hugeint
         -- that small fits the 38 digits of the decimal Arrow carries it in, so every reader
         -- sees the stored value (a uhugeint above 10^38 would come out wrapped). '-' stands
