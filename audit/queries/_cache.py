@@ -8,12 +8,13 @@ from typing import Final
 import polars as pl
 
 from audit._reads import Reads
-from audit.queries._common import REPLICA, bucket, buckets_param, width
+from audit.queries._common import REPLICA, REQUEST_AT, bucket, buckets_param, width
 
 _CACHE_BASE: Final = f"""
     with base as (
         select {REPLICA} as replica, coalesce(policy, '(none)') as policy, request_id,
-            client_start, predicted_cached_tokens as predicted, actual_cached_tokens as actual,
+            {REQUEST_AT} as started_at, predicted_cached_tokens as predicted,
+            actual_cached_tokens as actual,
             input_tokens
         from requests
         where predicted_cached_tokens is not null and actual_cached_tokens is not null
@@ -70,15 +71,15 @@ def cache_misses_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
     bucket_s, replica, missing_tokens, over_predicted (requests)."""
     return reader.query(
         _CACHE_BASE + f""",
-        {width('client_start')}
+        {width('started_at')}
         select
-            {bucket('base.client_start')} as bucket,
+            {bucket('base.started_at')} as bucket,
             any_value(width.bucket_s) as bucket_s,
             base.replica,
             sum(greatest(base.predicted - base.actual, 0))::bigint as missing_tokens,
             count(*) filter (where base.predicted > base.actual) as over_predicted
         from base cross join width
-        where base.client_start is not null
+        where base.started_at is not null
         group by all order by bucket, replica
         """,
         [buckets_param(buckets)],

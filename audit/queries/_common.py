@@ -28,19 +28,24 @@ and goodput")."""
 REPLICA: Final = "coalesce(served_by, chosen_replica)"
 """The replica a request ran on, else the one its router chose."""
 
+REQUEST_AT: Final = "first_seen_at"
+"""When a request started: the earliest start of any of its sides on the reference clock (the
+client's when it is instrumented, else the router's or the replica's), so that every page works
+on the server-side spans alone."""
+
 ATTR_COLUMNS: Final = ("request_key", "request_id", "run_id", "cause", "excess_ms", "is_primary")
 """Columns of ``attributions`` the queries read."""
 
-OUTCOMES: Final = """
+OUTCOMES: Final = f"""
     count(*) as requests,
     count(*) filter (where is_ok) as ok,
     count(*) filter (where not is_ok) as failed,
     count(*) filter (where is_slow) as slow,
     count(*) filter (where is_good) as good,
     good / nullif(requests, 0) as attainment,
-    min(client_start) as first_at,
-    max(client_start) as last_at,
-    greatest(epoch(max(client_start)) - epoch(min(client_start)), 1e-3) as window_s,
+    min({REQUEST_AT}) as first_at,
+    max({REQUEST_AT}) as last_at,
+    greatest(epoch(max({REQUEST_AT})) - epoch(min({REQUEST_AT})), 1e-3) as window_s,
     good / window_s as goodput_rps,
     quantile_cont(ttft_ms::double, 0.5) filter (where is_ok) as ttft_p50,
     quantile_cont(ttft_ms::double, 0.9) filter (where is_ok) as ttft_p90,

@@ -6,7 +6,7 @@ import polars as pl
 
 from audit._reads import Reads
 from audit._slo import SLO
-from audit.queries._common import JUDGED, OUTCOMES, bucket, buckets_param, query_at, width
+from audit.queries._common import JUDGED, OUTCOMES, REQUEST_AT, bucket, buckets_param, query_at, width
 
 
 def overview_totals(reader: Reads, slo: SLO | None = None) -> pl.DataFrame:
@@ -20,17 +20,17 @@ def overview_totals(reader: Reads, slo: SLO | None = None) -> pl.DataFrame:
 
 
 def requests_over_time(reader: Reads, slo: SLO | None = None, buckets: int = 60) -> pl.DataFrame:
-    """Per time bucket of ``client_start``: requests, good, failed, attainment, goodput_rps,
+    """Per time bucket of the requests' start (:data:`REQUEST_AT`): requests, good, failed, attainment, goodput_rps,
     ttft_p50, ttft_p99 (ms). ``bucket_s`` is the bucket width in seconds (about ``buckets``
     buckets over the observed window)."""
     return query_at(
         reader,
         f"""
-        with base as (select * from {JUDGED} where client_start is not null),
-        {width('client_start')},
+        with base as (select * from {JUDGED} where {REQUEST_AT} is not null),
+        {width(REQUEST_AT)},
         bucketed as (
             select
-                {bucket('base.client_start')} as bucket,
+                {bucket('base.' + REQUEST_AT)} as bucket,
                 width.bucket_s,
                 base.*
             from base cross join width

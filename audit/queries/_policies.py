@@ -8,16 +8,16 @@ import polars as pl
 
 from audit._reads import Reads
 from audit._slo import SLO
-from audit.queries._common import JUDGED, OUTCOMES, query_at
+from audit.queries._common import JUDGED, OUTCOMES, REQUEST_AT, query_at
 
 
 def run_list(reader: Reads) -> pl.DataFrame:
     """Runs seen in ``requests``. Columns: run_id, policies (comma-separated), requests,
     first_at, last_at."""
     return reader.query(
-        """
+        f"""
         select run_id, string_agg(distinct policy, ', ' order by policy) as policies,
-            count(*) as requests, min(client_start) as first_at, max(client_start) as last_at
+            count(*) as requests, min({REQUEST_AT}) as first_at, max({REQUEST_AT}) as last_at
         from requests where run_id is not null
         group by run_id order by first_at, run_id
         """

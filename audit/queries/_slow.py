@@ -9,7 +9,7 @@ import polars as pl
 
 from audit._reads import Reads
 from audit._slo import SLO
-from audit.queries._common import ATTR_COLUMNS, JUDGED, REPLICA, TABLE_LIMIT, has_relation, query_at
+from audit.queries._common import ATTR_COLUMNS, JUDGED, REPLICA, REQUEST_AT, TABLE_LIMIT, has_relation, query_at
 
 
 def filter_options(reader: Reads) -> dict[str, Any]:
@@ -25,8 +25,8 @@ def filter_options(reader: Reads) -> dict[str, Any]:
                 filter (where router_id is not null) as routers,
             list(distinct policy order by policy) filter (where policy is not null) as policies,
             list(distinct run_id order by run_id) filter (where run_id is not null) as runs,
-            min(client_start) as first_at,
-            max(client_start) as last_at
+            min({REQUEST_AT}) as first_at,
+            max({REQUEST_AT}) as last_at
         from requests
         """
     )
@@ -65,7 +65,7 @@ def _slow_sql(reader: Reads, *, start: datetime | None, end: datetime | None,
     where = ["is_slow"]
     params: list[Any] = []
     # Column names below are constants; only the values are parameters.
-    for column, value in (("client_start >= ?", start), ("client_start <= ?", end),
+    for column, value in ((f"{REQUEST_AT} >= ?", start), (f"{REQUEST_AT} <= ?", end),
                           (f"{REPLICA} = ?", replica), ("router_id = ?", router),
                           ("policy = ?", policy), ("run_id = ?", run)):
         if value is not None:
@@ -93,7 +93,7 @@ def _slow_sql(reader: Reads, *, start: datetime | None, end: datetime | None,
 
 
 _SLOW_ROWS: Final = f"""
-    select request_id, run_id, client_start, ttft_ms, tpot_ms, over_slo_ms, cause,
+    select request_id, run_id, {REQUEST_AT} as started_at, ttft_ms, tpot_ms, over_slo_ms, cause,
         sub_kind, excess_ms, confidence, evidence, evidence_source,
         {REPLICA} as replica, router_id, policy, request_key
     from slow_f"""
@@ -114,7 +114,7 @@ def slow_requests(reader: Reads, slo: SLO | None = None, *,
                   cause: str | None = None, limit: int = TABLE_LIMIT) -> pl.DataFrame:
     """Slow requests (succeeded, missed a target), worst first.
 
-    Columns: request_id, run_id, client_start, ttft_ms, tpot_ms, over_slo_ms (ms beyond the
+    Columns: request_id, run_id, started_at (:data:`REQUEST_AT`), ttft_ms, tpot_ms, over_slo_ms (ms beyond the
     targets: TTFT excess + TPOT excess × (output tokens − 1)), cause (primary cause, or
     ``'unattributed'`` when the attribution relations are absent or silent), sub_kind, excess_ms
     (attributed), confidence, evidence, evidence_source, replica, router_id, policy,

@@ -26,7 +26,7 @@ if matches.height == 0:
 keys = matches["request_key"].to_list()
 if len(keys) > 1:
     # request ids repeat (capture runs, replays, clients reusing X-Request-Id): pick one
-    labels = {m["request_key"]: f"run {m['run_id']} · sent {m['client_start']} · {m['status']} · "
+    labels = {m["request_key"]: f"run {m['run_id']} · started {m['started_at']} · {m['status']} · "
               f"key {m['request_key']}" for m in matches.iter_rows(named=True)}
     total = int(matches["matching"][0])
     st.caption(f"{total:,} requests carry the id `{request_id}`"

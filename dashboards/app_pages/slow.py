@@ -96,7 +96,7 @@ event = st.dataframe(
     selection_mode="single-row",
     key="slow_table",
     column_config={
-        "client_start": st.column_config.DatetimeColumn("sent (UTC)"),
+        "started_at": st.column_config.DatetimeColumn("started (UTC)"),
         "ttft_ms": st.column_config.NumberColumn("TTFT (ms)", format="%.0f"),
         "tpot_ms": st.column_config.NumberColumn("TPOT (ms)", format="%.1f"),
         "over_slo_ms": st.column_config.NumberColumn("over SLO (ms)", format="%.0f"),
@@ -116,7 +116,7 @@ picked = st.selectbox(
     "Or open a request", list(picks), key="slow_pick",
     # ids may repeat (across runs): the run and the send time tell such requests apart
     format_func=lambda k: f"{picks[k]['request_id']} · run {picks[k]['run_id']} · "
-                          f"{picks[k]['client_start']}")
+                          f"{picks[k]['started_at']}")
 if picked:
     st.page_link("app_pages/request.py", label=f"Drill down into {picks[picked]['request_id']} →",
                  query_params={"request_id": str(picks[picked]["request_id"]), "request_key": picked})
