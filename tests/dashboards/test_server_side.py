@@ -1,0 +1,55 @@
+"""The dashboard's questions answered from router and replica spans alone, as for a fleet whose
+clients are not instrumented: time windows, goodput, the slow list and the request picker."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+import audit
+import semconv
+from audit import SLO, Store, queries
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "audit"))
+from relation_rows import MS, T0, RawRows, one_request  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server_only(tmp_path_factory: pytest.TempPathFactory) -> audit.Reader:
+    rows = RawRows()
+    for n in range(1, 21):
+        one_request(rows, n=n, base_ns=T0 + n * 3000 * MS)
+    spans, events = rows.tables()
+    keep = pc.not_equal(spans["name"], semconv.SPAN_CLIENT)
+    path = tmp_path_factory.mktemp("server-only") / "audit.duckdb"
+    store = Store(path)
+    store.append(spans=spans.filter(keep), events=events)
+    store.close()
+    return audit.open(path)
+
+
+def test_requests_have_a_start_without_a_client(server_only: audit.Reader) -> None:
+    got = server_only.query("select count(*) as n, count(client_start) as clients, "
+                            "count(first_seen_at) as started from requests").row(0, named=True)
+    assert got == {"n": 20, "clients": 0, "started": 20}
+
+
+def test_overview_window_and_time_series(server_only: audit.Reader) -> None:
+    totals = queries.overview_totals(server_only).row(0, named=True)
+    assert totals["requests"] == 20
+    assert totals["window_s"] == pytest.approx(19 * 3.0, rel=0.01)  # first to last start, not 1 ms
+    assert totals["goodput_rps"] < 1.0
+    series = queries.requests_over_time(server_only)
+    assert series.height > 1 and series["requests"].sum() == 20
+
+
+def test_slow_page_and_request_picker(server_only: audit.Reader) -> None:
+    opts = queries.filter_options(server_only)
+    assert opts["first_at"] is not None and opts["last_at"] > opts["first_at"]
+    slow = queries.slow_requests(server_only, SLO(ttft_ms=1, tpot_ms=1))
+    assert slow.height > 0 and slow["started_at"].null_count() == 0
+    picked = queries.request_matches(server_only, "req-3")
+    assert picked.height == 1 and picked["started_at"][0] is not None
