@@ -38,6 +38,12 @@ else:
 if st.query_params.get("request_key") != request_key:
     st.query_params["request_key"] = request_key
 
+def _served_by(r: dict[str, object]) -> str:
+    if r["served_by"] is not None:
+        return f"`{r['served_by']}`"
+    return "no replica (no replica span: the request never ran, or its replica is not instrumented)"
+
+
 detail = _ui.query("request_detail", request_key)
 if _ui.empty(detail):
     st.stop()
@@ -46,6 +52,9 @@ slo = _ui.slo()
 
 cols = st.columns(5)
 cols[0].metric("Status", str(r["status"]))
+if r.get("failure_reason"):
+    st.warning(f"Failed ({r['status']}), seen by the {r.get('failure_source') or 'unknown side'}: "
+             f"{r['failure_reason']}")
 cols[1].metric("TTFT", _ui.fmt_ms(r["ttft_ms"]),
                delta=None if r["ttft_ms"] is None
                else f"{r['ttft_ms'] - slo.ttft_ms:+,.0f} ms vs SLO",
@@ -54,7 +63,7 @@ cols[2].metric("TPOT", _ui.fmt_ms(r["tpot_ms"]))
 cols[3].metric("E2E", _ui.fmt_ms(r["e2e_ms"]))
 cols[4].metric("Chosen replica", str(r["chosen_replica"]))
 st.caption(f"policy `{r['policy']}` · router `{r['router_id']}` · run `{r['run_id']}` · "
-           f"served by `{r['served_by']}` · attempts {r['attempts']} · input "
+           f"served by {_served_by(r)} · attempts {r['attempts']} · input "
            f"{r['input_tokens']} tokens · output {r['output_tokens']} tokens · sides seen: "
            f"client={r['has_client']}, router={r['has_router']}, replica={r['has_replica']} · "
            f"link {r['link_method']}" + (" · ⚠ clock suspect" if r["clock_suspect"] else ""))

@@ -18,32 +18,44 @@ from relation_rows import MS, T0, RawRows, one_request  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def server_only(tmp_path_factory: pytest.TempPathFactory) -> audit.Reader:
+def server_only_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rows = RawRows()
-    for n in range(1, 21):
+    for n in range(1, 22):
         one_request(rows, n=n, base_ns=T0 + n * 3000 * MS)
+    # req-21: the backend was killed: the forward raised, no replica span
+    failed = f"{21:x}a".rjust(32, "0")
+    rows.spans[:] = [s for s in rows.spans
+                     if s["trace_id"] != failed or s["name"] != semconv.SPAN_VLLM_REQUEST]
+    forward = next(s for s in rows.spans if s["trace_id"] == failed and s["name"] == semconv.SPAN_FORWARD)
+    forward["status_code"] = "error"
+    forward["status_message"] = "ConnectError: [Errno 111] Connection refused"
     spans, events = rows.tables()
     keep = pc.not_equal(spans["name"], semconv.SPAN_CLIENT)
     path = tmp_path_factory.mktemp("server-only") / "audit.duckdb"
     store = Store(path)
     store.append(spans=spans.filter(keep), events=events)
     store.close()
-    return audit.open(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server_only(server_only_path: Path) -> audit.Reader:
+    return audit.open(server_only_path)
 
 
 def test_requests_have_a_start_without_a_client(server_only: audit.Reader) -> None:
     got = server_only.query("select count(*) as n, count(client_start) as clients, "
                             "count(first_seen_at) as started from requests").row(0, named=True)
-    assert got == {"n": 20, "clients": 0, "started": 20}
+    assert got == {"n": 21, "clients": 0, "started": 21}
 
 
 def test_overview_window_and_time_series(server_only: audit.Reader) -> None:
     totals = queries.overview_totals(server_only).row(0, named=True)
-    assert totals["requests"] == 20
-    assert totals["window_s"] == pytest.approx(19 * 3.0, rel=0.01)  # first to last start, not 1 ms
+    assert totals["requests"] == 21 and totals["failed"] == 1
+    assert totals["window_s"] == pytest.approx(20 * 3.0, rel=0.01)  # first to last start, not 1 ms
     assert totals["goodput_rps"] < 1.0
     series = queries.requests_over_time(server_only)
-    assert series.height > 1 and series["requests"].sum() == 20
+    assert series.height > 1 and series["requests"].sum() == 21
 
 
 def test_slow_page_and_request_picker(server_only: audit.Reader) -> None:
@@ -53,3 +65,13 @@ def test_slow_page_and_request_picker(server_only: audit.Reader) -> None:
     assert slow.height > 0 and slow["started_at"].null_count() == 0
     picked = queries.request_matches(server_only, "req-3")
     assert picked.height == 1 and picked["started_at"][0] is not None
+
+
+def test_request_page_of_a_failed_forward(monkeypatch: pytest.MonkeyPatch, server_only_path: Path) -> None:
+    from test_pages import open_page, texts
+
+    at = open_page(monkeypatch, server_only_path, "request", {"request_id": "req-21"})
+    assert at.metric[0].value == "error"
+    warning = " ".join(str(w.value) for w in at.warning)
+    assert "seen by the router" in warning and "Connection refused" in warning
+    assert "served by no replica" in texts(at)
