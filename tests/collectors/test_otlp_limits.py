@@ -35,9 +35,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
+from sdk_spans import finished_spans
 
 from collectors.otlp import Collector, CollectorConfig, ConfigError
 from collectors.otlp._decode import PayloadError
@@ -54,15 +54,7 @@ MiB = 1024 * 1024
 
 # -- helpers ------------------------------------------------------------------------------------
 def _spans(n: int) -> list[ReadableSpan]:
-    mem = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(mem))
-    tracer = provider.get_tracer("limits")
-    for i in range(n):
-        with tracer.start_as_current_span(f"s{i}"):
-            pass
-    provider.shutdown()
-    return list(mem.get_finished_spans())
+    return finished_spans(n, "limits")
 
 
 def _body(n: int) -> bytes:

@@ -19,9 +19,7 @@ import httpx
 import pyarrow as pa
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from sdk_spans import finished_spans
 
 from collectors.otlp import Collector, CollectorConfig
 
@@ -40,15 +38,7 @@ pytestmark = [
 
 
 def _spans_body(n: int) -> bytes:
-    mem = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(mem))
-    tracer = provider.get_tracer("browser-test")
-    for i in range(n):
-        with tracer.start_as_current_span(f"s{i}"):
-            pass
-    provider.shutdown()
-    return encode_spans(mem.get_finished_spans()).SerializeToString()
+    return encode_spans(finished_spans(n, "browser-test")).SerializeToString()
 
 
 def _fingerprint(c: Collector) -> list[dict[str, Any]]:
