@@ -119,6 +119,7 @@ class HttpReceiver:
     # -- OTLP ---------------------------------------------------------------------------------
     async def traces(self, request: Request) -> Response:
         encoding = "json"
+        body_read = False
         try:
             if self._token is None:
                 self._check_host(request)
@@ -136,11 +137,17 @@ class HttpReceiver:
             with self._budget.hold() as hold:
                 body = await _read_body(request, self._config.max_body_bytes,
                                         self._config.body_timeout_s, hold)
+                body_read = True
                 batch = await run_in_threadpool(self._decode, body, encoding, cenc, hold)
                 del body
             result = await self._exporter.export_async(batch)
         except Exception as exc:  # noqa: BLE001 - every failure gets an answer
-            return self._refuse(exc, encoding)
+            answer = self._refuse(exc, encoding)
+            if not body_read:
+                # The body is left unread, so the connection cannot carry another request: say
+                # so, or the client reuses it and its next export meets a closed socket.
+                answer.headers["connection"] = "close"
+            return answer
         self._metrics.request("http", 200)
         return _encode(result.response(), encoding, 200)
 
@@ -208,6 +215,7 @@ class HttpReceiver:
 
     async def query(self, request: Request) -> Response:
         origin: str | None = None
+        body_read = False
         try:
             self._check_host(request)
             origin = self._check_origin(request)
@@ -221,6 +229,7 @@ class HttpReceiver:
             with self._budget.hold() as hold:
                 body = await _read_body(request, DEFAULT_MAX_QUERY_BYTES,
                                         self._config.body_timeout_s, hold)
+            body_read = True
             try:
                 doc = json.loads(body)
             except (ValueError, RecursionError) as exc:
@@ -239,7 +248,10 @@ class HttpReceiver:
             table = await self._run_query(request, doc["sql"], params or None, variables or None)
             payload = await run_in_threadpool(_ipc_stream, table)
         except (AuditError, ExportRefused, ClientDisconnect) as exc:
-            return self._error_json(exc, origin=origin)
+            answer = self._error_json(exc, origin=origin)
+            if not body_read:  # as for an export: the unread body ends the connection
+                answer.headers["connection"] = "close"
+            return answer
         except Exception as exc:  # noqa: BLE001 - DuckDB errors outside QueryError, our bugs
             log.warning("query failed: %s", one_line(exc))
             return self._error_json(BadRequest(one_line(exc)), origin=origin)

@@ -518,3 +518,18 @@ def test_every_limit_flag_sets_a_config_field() -> None:
 def test_bad_limits_fail_before_listening(tmp_path: Path, change: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _config(tmp_path, **change).validate()
+
+
+def test_a_refusal_before_the_body_is_read_closes_the_connection(tmp_path: Path) -> None:
+    """A body left unread ends its connection, and the answer says so: a client reusing its
+    connections sends the next export on a new one instead of meeting a reset."""
+    with Collector(_config(tmp_path)) as c, httpx.Client(base_url=c.http_url, timeout=30) as client:
+        for _ in range(20):
+            refused = client.post("/v1/traces", content=b"x" * 2000, headers={"content-type": "text/plain"})
+            assert refused.status_code == 415 and refused.headers["connection"] == "close"
+            ok = client.post("/v1/traces", content=_body(2),
+                             headers={"content-type": "application/x-protobuf"})
+            assert ok.status_code == 200
+        refused = client.post("/routeaudit/query", content=b"{}", headers={"content-type": "text/plain"})
+        assert refused.status_code == 415 and refused.headers["connection"] == "close"
+        assert client.get("/health").status_code == 200
