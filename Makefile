@@ -1,7 +1,7 @@
 # The two commands the README promises. Both set up what they need on a fresh machine.
 PYTHON ?= python3
 
-.PHONY: demo test setup setup-test lint ruff mypy sqlfluff
+.PHONY: demo test setup setup-test lint ruff mypy sqlfluff fuzz
 
 setup:
 	$(PYTHON) -m pip install -q -e .
@@ -29,7 +29,15 @@ mypy:
 sqlfluff:
 	$(PYTHON) -m sqlfluff lint --processes 0 audit/sql
 
+# The C extensions built with ASan + UBSan (in build/fuzz, never the in-place .so files) under
+# atheris (coverage-guided, libFuzzer) for FUZZ_SECONDS each, against the Python paths; installs
+# clang with apt when missing. Fails on any crash, sanitizer report or mismatch (fuzz/README.md).
+FUZZ_SECONDS ?= 45
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) PYTHON=$(PYTHON) sh fuzz/run.sh
+
 # Setup, then every check (-k: all three report before make stops), then the tests.
 test: setup-test
 	$(MAKE) --no-print-directory -k lint
+	$(MAKE) --no-print-directory fuzz
 	$(PYTHON) -m pytest
