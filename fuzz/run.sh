@@ -21,16 +21,20 @@ if ! "$PYTHON" -c "import atheris" 2>/dev/null; then
     "$PYTHON" -m pip install -q 'atheris>=3.0' || { echo "fuzz: FAILED: could not install atheris" >&2; exit 1; }
 fi
 
+# clang <= 14 (Debian 12) names its runtimes with an arch suffix; newer ones put them in a
+# per-target directory without it
 ASAN_RT=$(clang -print-file-name=libclang_rt.asan-x86_64.so)
-RT_DIR=$(dirname "$ASAN_RT")
-[ -f "$ASAN_RT" ] && [ -f "$RT_DIR/libclang_rt.fuzzer_no_main-x86_64.a" ] || {
-    echo "fuzz: FAILED: clang's ASan / libFuzzer runtimes are missing under $RT_DIR" >&2; exit 1; }
+FUZZER_A=$(clang -print-file-name=libclang_rt.fuzzer_no_main-x86_64.a)
+[ -f "$ASAN_RT" ] || ASAN_RT=$(clang -print-file-name=libclang_rt.asan.so)
+[ -f "$FUZZER_A" ] || FUZZER_A=$(clang -print-file-name=libclang_rt.fuzzer_no_main.a)
+[ -f "$ASAN_RT" ] && [ -f "$FUZZER_A" ] || {
+    echo "fuzz: FAILED: clang's ASan / libFuzzer runtimes not found ($ASAN_RT, $FUZZER_A)" >&2; exit 1; }
 # (PYTHONMALLOC=malloc below: Python objects, the bodies included, come from malloc so ASan
 # sees their bounds; pymalloc arenas would hide a read past a body.)
 # libFuzzer as a shared library, preloaded ahead of the ASan runtime: the instrumented
 # extensions then register their coverage counters with libFuzzer (atheris uses a libFuzzer
 # it finds preloaded), not with the ASan runtime's no-op stubs.
-clang -shared -o "$OUT/libfuzzer_no_main.so" -Wl,--whole-archive "$RT_DIR/libclang_rt.fuzzer_no_main-x86_64.a" \
+clang -shared -o "$OUT/libfuzzer_no_main.so" -Wl,--whole-archive "$FUZZER_A" \
     -Wl,--no-whole-archive -lstdc++ -lpthread -lm
 
 rm -rf "$OUT/lib"
