@@ -23,6 +23,7 @@ Contract for router authors:
 
 from __future__ import annotations
 
+import json
 import logging
 import operator
 import os
@@ -503,7 +504,12 @@ def _candidates_json(
         obj, bad = _row_checked(row, decided_ns, i == chosen_index)
         errors += bad
         objs.append(obj)
-    return orjson.dumps(objs).decode(), errors
+    try:
+        return orjson.dumps(objs).decode(), errors
+    except TypeError:
+        # orjson refuses a str holding a lone surrogate (a replica name from bad input); the
+        # standard encoder writes it escaped, still valid JSON, so the decision is not lost.
+        return json.dumps(objs, allow_nan=False, separators=(",", ":")), errors
 
 
 def _final_attrs(

@@ -512,6 +512,13 @@ def _check_text(rows: list[tuple[Any, ...]], chosen: int, t: int, text: str, err
     assert [list(o.items()) for o in got] == [list(o.items()) for o, _e in want]
 
 
+def test_a_lone_surrogate_in_a_replica_name_keeps_the_record() -> None:
+    rows = [("\ud800-replica",) + (None,) * 13, ("ok",) + (None,) * 13]
+    for text, errors in (recorder_mod._candidates_json(rows, 1, 0), _without_c(rows, 1, 0)):
+        assert errors == 0
+        assert [o["replica"] for o in json.loads(text)] == ["\ud800-replica", "ok"]
+
+
 def test_json_float_text_round_trips() -> None:
     """Every finite float reads back as itself, around the formatting boundaries."""
     import random
