@@ -17,6 +17,7 @@ the documents :func:`build_request` builds, and stops at the same depth, :data:`
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Final
 
@@ -227,3 +228,15 @@ def _link(lk: Any) -> Span.Link:
     return Span.Link(trace_id=_id(lk, "traceId"), span_id=_id(lk, "spanId"),
                      trace_state=_str(lk, "traceState"), attributes=_attrs(lk),
                      dropped_attributes_count=_u32(lk, "droppedAttributesCount"), flags=_u32(lk, "flags"))
+
+
+def reference_transcode(text: bytes) -> bytes | None:
+    """The protobuf bytes the Python path makes of an OTLP/JSON ``text`` (the standard JSON
+    parser, then :func:`build_request`), or None where it declines: what the C transcoder must
+    give whenever it answers (its tests and fuzzer compare the two)."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    built = build_request(doc) if isinstance(doc, dict) else None
+    return None if built is None else built.SerializeToString()

@@ -33,7 +33,7 @@ from collectors.otlp._decode import (
     json_to_protobuf,
     parse_json,
 )
-from collectors.otlp._otlp_json import MAX_BUILT_DEPTH, build_request
+from collectors.otlp._otlp_json import MAX_BUILT_DEPTH, build_request, reference_transcode
 
 
 def _reference(doc: dict[str, Any]) -> bytes | None:
@@ -214,14 +214,7 @@ needs_transcoder = pytest.mark.skipif(
     _json_native is None, reason="OTLP/JSON transcoder extension not built (pip install -e . compiles it)")
 
 
-def _built(text: bytes) -> bytes | None:
-    """What the Python path makes of ``text`` when build_request accepts it, else None."""
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    built = build_request(doc) if isinstance(doc, dict) else None
-    return None if built is None else built.SerializeToString()
+_built = reference_transcode
 
 
 def assert_transcoded(text: bytes) -> bool:
