@@ -180,7 +180,6 @@ def _check_statement(kind: Any, text: str, *, depth: int) -> None:
 def _explained(text: str) -> str:
     """The statement an ``EXPLAIN [ANALYZE] [(options)]`` wraps, found with DuckDB's tokenizer."""
     tokens = [(pos, kind) for pos, kind in duckdb.tokenize(text) if kind != duckdb.token_type.comment]
-    i = 0
     if not tokens or text[tokens[0][0]:tokens[0][0] + 7].lower() != "explain":
         raise ReadOnlyError("refused: cannot find the statement EXPLAIN wraps")
     i = 1
@@ -240,14 +239,17 @@ def _check_select(text: str) -> None:
 def run_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None,
                   variables: Mapping[str, float | str] | None = None, *,
                   limits: QueryLimits = DEFAULT_LIMITS, cancel: QueryCancel | None = None,
-                  rollback: bool = True) -> pa.Table:
+                  rollback: bool = True, checked: bool = False) -> pa.Table:
     """Run one checked read query on ``con`` (a cursor of its own) within ``limits``.
 
     ``rollback``: run inside a transaction that is rolled back whatever happens (a connection
     that could write); a connection opened read-only needs none. DuckDB errors become one-line
     :class:`QueryError`; an interrupt becomes :class:`QueryTimeout` or :class:`QueryCancelled`.
+    ``checked``: the caller has already passed ``sql`` through :func:`check_read_only` (it
+    refuses before doing any work of its own), so it is not parsed twice.
     """
-    check_read_only(sql)
+    if not checked:
+        check_read_only(sql)
     cancel = cancel or QueryCancel()
     timer: threading.Timer | None = None
     if limits.timeout_s is not None:

@@ -315,7 +315,7 @@ class Store:
                 if self._dirty and _reads_relations(cur, sql):
                     self.refresh_if_due(for_query=True)
                 return run_read_only(cur, sql, params, variables, limits=limits or self.query_limits,
-                                     cancel=cancel, rollback=True)
+                                     cancel=cancel, rollback=True, checked=True)
             finally:
                 cur.close()
         finally:
@@ -535,7 +535,8 @@ class Reader:
                 _relations.install(con, temporary=True)
             con.execute("set lock_configuration = true")
             # Opened read-only, so a write could not commit: no transaction to roll back.
-            return run_read_only(con, sql, params, variables, limits=self.limits, rollback=False)
+            return run_read_only(con, sql, params, variables, limits=self.limits, rollback=False,
+                                 checked=True)
         finally:
             con.close()
 
