@@ -120,7 +120,8 @@ def _client_saw_ok(rows: RawRows, n: int) -> None:
 
 
 def _retried(rows: RawRows, n: int) -> None:
-    """Attempt 0's forward was refused, attempt 1 went through: the request succeeded."""
+    """The first forward was refused, the retry went through: the request succeeded. The router
+    numbers both decisions attempt 0, so the later decision must be the final one."""
     b = T0 + n * 10_000 * MS
     one_request(rows, n=n, base_ns=b)
     _drop(rows, n, semconv.SPAN_CLIENT)

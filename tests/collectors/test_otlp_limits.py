@@ -215,15 +215,18 @@ def test_concurrent_gzip_bombs_keep_memory_bounded(tmp_path: Path) -> None:
                 statuses += list(pool.map(send, range(24)))
         peak = col.status("VmHWM")
         after = col.status("VmRSS")
-        # 63 MiB of zeros is not a valid export (400); over the budget → 429
+        # 63 MiB of zeros is not a valid export (400); over the budget → 429. How many of a
+        # wave get through before the budget runs dry depends on the scheduler: on 2 cores all
+        # 24 may be inflating at once and every one is refused, which is still the right answer.
         assert set(statuses) <= {400, 429}, statuses
-        assert statuses.count(400) >= 2, statuses
         growth = peak - base
         print(f"\nRSS before {base / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB (+{growth / MiB:.0f}), "
               f"after {after / MiB:.0f} MiB; answers {sorted(set(statuses))}")
         assert growth < 2 * budget, f"peak RSS grew by {growth / MiB:.0f} MiB"
         # and given back: the heap is trimmed once the budget is idle again
         assert after - base < budget / 2, f"RSS stayed {after - base} bytes above its start"
+        # alone, a bomb is inflated in full under the budget and judged on what it holds
+        assert send(0) == 400
         assert httpx.post(col.url + "/v1/traces", content=_body(2),
                           headers={"content-type": "application/x-protobuf"}).status_code == 200
     finally:
@@ -393,6 +396,8 @@ def test_sigterm_stops_promptly_with_connections_held_open(tmp_path: Path) -> No
         # a request whose body never finishes: in flight when the signal comes
         held[2].sendall(b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                         b"Content-Type: application/x-protobuf\r\nContent-Length: 100\r\n\r\nab")
+        # alone, a bomb is inflated in full under the budget and judged on what it holds
+        assert send(0) == 400
         assert httpx.post(col.url + "/v1/traces", content=_body(2),
                           headers={"content-type": "application/x-protobuf"}).status_code == 200
         t0 = time.monotonic()

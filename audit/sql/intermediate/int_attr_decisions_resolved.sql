@@ -27,7 +27,11 @@ decisions_ranked as (
     select
         d.*,
         j.run_id,
-        d.attempt = max(d.attempt) over (partition by d.request_key) as is_final
+        -- same order as requests' final attempt, so one decision per request is final
+        row_number() over (
+            partition by d.request_key
+            order by d.attempt desc, d.decided_ns desc nulls last, d.decision_id desc
+        ) = 1 as is_final
     from all_decisions as d
     left join (
         select request_key, any_value(run_id) as run_id

@@ -139,18 +139,23 @@ final_decisions as materialized (
     select
         request_key,
         count(*) as attempts,
-        max_by(decision_id, attempt) as decision_id,
-        max_by(router_id, attempt) as router_id,
-        max_by(policy, attempt) as policy,
-        max_by(chosen_replica, attempt) as chosen_replica,
-        max_by(outcome, attempt) as outcome,
-        max_by(forward_status, attempt) as forward_status,
-        max_by(trace_id, attempt) as trace_id,
-        max_by(span_id, attempt) as span_id,
-        max_by(forward_span_id, attempt) as forward_span_id,
-        max_by(reason, attempt) as reason,
-        max_by(request_id, attempt) as request_id
-    from int_decisions_joined_to_executions_source
+        max_by(decision_id, final_order) as decision_id,
+        max_by(router_id, final_order) as router_id,
+        max_by(policy, final_order) as policy,
+        max_by(chosen_replica, final_order) as chosen_replica,
+        max_by(outcome, final_order) as outcome,
+        max_by(forward_status, final_order) as forward_status,
+        max_by(trace_id, final_order) as trace_id,
+        max_by(span_id, final_order) as span_id,
+        max_by(forward_span_id, final_order) as forward_span_id,
+        max_by(reason, final_order) as reason,
+        max_by(request_id, final_order) as request_id
+    from (
+        -- the last attempt is final; a router that numbers every retry 0 still has one final
+        -- attempt: the latest decided, then the highest decision_id
+        select *, (attempt, coalesce(decided_ns, -1), decision_id) as final_order
+        from int_decisions_joined_to_executions_source
+    )
     group by request_key
 
 ),
