@@ -30,7 +30,7 @@ decisions_ranked as (
         -- same order as requests' final attempt, so one decision per request is final
         row_number() over (
             partition by d.request_key
-            order by d.attempt desc, d.decided_ns desc nulls last, d.decision_id desc
+            order by d.attempt desc, d.decided_ns desc nulls last, d.span_id desc
         ) = 1 as is_final
     from all_decisions as d
     left join (

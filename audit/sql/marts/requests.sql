@@ -152,8 +152,8 @@ final_decisions as materialized (
         max_by(request_id, final_order) as request_id
     from (
         -- the last attempt is final; a router that numbers every retry 0 still has one final
-        -- attempt: the latest decided, then the highest decision_id
-        select *, (attempt, coalesce(decided_ns, -1), decision_id) as final_order
+        -- attempt: the latest decided, then the highest decision span id
+        select *, (attempt, coalesce(decided_ns, -1), span_id) as final_order
         from int_decisions_joined_to_executions_source
     )
     group by request_key
