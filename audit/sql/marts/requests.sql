@@ -25,6 +25,26 @@ stg_candidates_source as not materialized (
 
 ),
 
+stg_partitioning_source as not materialized (
+
+    select * from stg_partitioning
+
+),
+
+watermark as materialized (
+
+    -- the newest event time stored minus the allowed lateness: a partition whose requests can
+    -- receive no more spans before the watermark passes (end + max_request_s) is final
+    select
+        p.partition_ns,
+        max(s.corrected_start_ns) - cast(p.lateness_s * 1e9 as bigint) as watermark_ns,
+        cast(p.max_request_s * 1e9 as bigint) as max_request_ns
+    from int_spans_clock_corrected_source as s
+    cross join stg_partitioning_source as p
+    group by p.partition_ns, p.lateness_s, p.max_request_s
+
+),
+
 side_spans as materialized (
 
     -- only the fields read below (each side becomes a struct column of requests_joined), and
@@ -153,9 +173,11 @@ final_decisions as materialized (
     from (
         -- the last attempt is final; a router that numbers every retry 0 still has one final
         -- attempt: the latest decided, then the highest decision span id
-        select *, (attempt, coalesce(decided_ns, -1), span_id) as final_order
+        select
+            *,
+            (attempt, coalesce(decided_ns, -1), span_id) as final_order
         from int_decisions_joined_to_executions_source
-    )
+    ) as attempts_ordered
     group by request_key
 
 ),
@@ -235,6 +257,7 @@ requests_joined as (
         coalesce(client.stream, router.stream, sides.any_stream) as stream,
         to_timestamp(client.corrected_start_ns / 1e9) as client_start,
         to_timestamp(sides.first_seen_ns / 1e9) as first_seen_at,
+        sides.first_seen_ns,
         case
             when client.client_ttft_ms is not null then 'client'
             when replica.engine_ttft_ms is not null then 'replica'
@@ -404,7 +427,12 @@ requests_judged as (
             when regexp_matches(failure.reason, '(?i)timeout|timed out') then 'timeout'
             when failure.source is not null then 'error'
             else 'ok'
-        end as status
+        end as status,
+        first_seen_ns // (select partition_ns from watermark) as part,
+        (first_seen_ns // (select partition_ns from watermark) + 1)
+        * (select partition_ns from watermark)
+        + (select max_request_ns from watermark)
+        <= (select watermark_ns from watermark) as verdict_final
     from requests_failed
 
 ),
@@ -454,7 +482,10 @@ final as (
         has_replica,
         has_client and has_replica and not has_router as router_side_missing,
         link_method,
-        clock_suspect
+        clock_suspect,
+        first_seen_ns as anchor_ns,
+        part,
+        verdict_final
     from requests_judged
 
 )
