@@ -47,6 +47,7 @@ __all__ = [
     "CANDIDATE_PENDING", "CANDIDATE_PREDICTED_CACHED_TOKENS", "CANDIDATE_EST_QUEUE_MS",
     "CANDIDATE_EST_PREFILL_MS", "CANDIDATE_SCORE", "REPLICA_ID", "REPLICA_DP_RANK", "URL_FULL",
     "SERVER_ADDRESS", "SERVER_PORT", "HTTP_STATUS", "HTTP_METHOD", "HTTP_ROUTE", "URL_PATH",
+    "ERROR_TYPE", "ROUTER_TTFB_MS", "MISUSE",
     "STATUS", "CLIENT_TTFT_MS", "CLIENT_TPOT_MS", "CLIENT_E2E_MS", "CLIENT_ITL_MAX_MS",
     "CLIENT_ITL_MS", "CLIENT_CACHED_TOKENS", "CLIENT_ERROR", "GEN_AI_REQUEST_ID",
     "GEN_AI_RESPONSE_ID", "USAGE_INPUT_TOKENS", "USAGE_OUTPUT_TOKENS", "USAGE_PROMPT_TOKENS",
@@ -263,6 +264,22 @@ HTTP_ROUTE: Final = "http.route"
 
 URL_PATH: Final = "url.path"
 """Request path (OTel)."""
+
+ERROR_TYPE: Final = "error.type"
+"""Why a span ended in error (OTel): the exception's qualified type name, ``cancelled`` when the
+client went away mid-response, ``forward_not_ended`` for a forward span the router never ended
+(closed by the recorder)."""
+
+ROUTER_TTFB_MS: Final = "routeaudit.router.ttfb_ms"
+"""On the router's own SERVER span (or, without one, its decision span): ms from the span's start
+to the first response body byte the router sent its client, router clock. For a streamed
+completion this is the router-side TTFT; for a non-streamed one, the whole answer's time."""
+
+MISUSE: Final = "routeaudit.misuse"
+"""Instrumentation mistakes the recorder caught and survived on this decision or forward span
+(string array): ``decided_after_end``, ``chosen_not_candidate``, ``none_replica``,
+``forward_not_ended``, ``respond_without_span``. Each is also counted in the recorder's
+``errors``."""
 
 # --------------------------------------------------------------------------------------------
 # Client outcome (client span)

@@ -3,7 +3,12 @@
 See ``docs/instrument-your-router.md``. Depends on ``opentelemetry-api`` only.
 """
 
+from ._inbound import Inbound
+from ._middleware import RouterMiddleware
 from ._recorder import Decision, DecisionRecorder, Forward
 from ._records import Candidate, DecisionRecord, candidates_of
 
-__all__ = ["Candidate", "Decision", "DecisionRecord", "DecisionRecorder", "Forward", "candidates_of"]
+__all__ = [
+    "Candidate", "Decision", "DecisionRecord", "DecisionRecorder", "Forward", "Inbound",
+    "RouterMiddleware", "candidates_of",
+]

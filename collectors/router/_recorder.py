@@ -17,19 +17,26 @@ Contract for router authors:
   incoming ``traceparent`` through.
 * **No context juggling.** Spans are never made "current" (no contextvars attach/detach), so the
   same code works in threads, asyncio tasks and callbacks; parents are passed explicitly.
+* **Misuse is survived, not raised.** Deciding after the block ended, choosing a replica that
+  was not a candidate, ``None`` as a replica, a forward span never ended, ``respond()`` with no
+  open span to carry it: each is logged once per recorder and kind (logger
+  ``collectors.router``), counted in :attr:`DecisionRecorder.errors` and
+  :attr:`DecisionRecorder.misuse`, and named in ``routeaudit.misuse`` on the span when it is
+  still open.
 * A decision object belongs to one request in one thread/task; the recorder itself is shared and
   thread-safe.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import operator
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
 from types import TracebackType
 from typing import Any, Final, Literal
@@ -43,9 +50,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 import semconv as sc
 
 from ._direct_spans import DirectSpans
+from ._inbound import Inbound, current_inbound
 from ._records import DecisionRecord
+from ._streams import async_relay, sync_relay
 
-__all__ = ["CandidateEncoding", "Decision", "DecisionRecorder", "Forward", "INSTRUMENTATION_NAME"]
+__all__ = [
+    "CandidateEncoding", "Decision", "DecisionRecorder", "Forward", "INSTRUMENTATION_NAME",
+    "Misuse",
+]
 
 CandidateEncoding = Literal["json", "events"]
 """How candidates are recorded: ``"json"`` (one string attribute, the default) or ``"events"``."""
@@ -56,6 +68,12 @@ INSTRUMENTATION_NAME: Final = "routeaudit.router"
 _VERSION: Final = "0.1.0"
 _LOG = logging.getLogger("collectors.router")
 _LOG_INTERVAL_S: Final = 10.0
+
+Misuse = Literal[
+    "decided_after_end", "chosen_not_candidate", "none_replica", "forward_not_ended",
+    "respond_without_span",
+]
+"""Kinds of instrumentation mistake the recorder survives (values of ``routeaudit.misuse``)."""
 
 _T_BOOL, _T_STR, _T_INT, _T_FLOAT = 0, 1, 2, 3
 # Candidate fields after ``replica``, in the order Decision.candidate() stores them.
@@ -178,6 +196,7 @@ class DecisionRecorder:
         self._errors = 0
         self._last_log = 0.0
         self._suppressed = 0
+        self._misuse: dict[str, int] = {}
         base: dict[str, Any] = {sc.COMPONENT: "router", sc.ROUTER_POLICY: self.policy}
         if self.router_id is not None:
             base[sc.ROUTER_ID] = self.router_id
@@ -188,7 +207,41 @@ class DecisionRecorder:
         """Internal errors swallowed so far (all decisions of this recorder)."""
         return self._errors
 
+    @property
+    def misuse(self) -> dict[str, int]:
+        """Instrumentation mistakes survived so far, by kind (also counted in :attr:`errors`)."""
+        with self._lock:
+            return dict(self._misuse)
+
     # ------------------------------------------------------------------ live API
+    def serve(
+        self,
+        incoming_headers: Any = None,
+        *,
+        method: str = "POST",
+        path: str | None = None,
+        request_id: str | None = None,
+        parent_context: Context | None = None,
+    ) -> Inbound:
+        """Open the router's SERVER span for one incoming request (what :class:`RouterMiddleware`
+        does for ASGI routers); use as ``with``/``async with rec.serve(...) as s:``.
+
+        Parent: ``parent_context``, else the trace context of ``incoming_headers``. ``request_id``
+        None takes the ``x-request-id`` header, else a generated id. While entered, decisions
+        opened in the same thread or task are its children, share its request id, and their
+        ``respond()`` / ``first_byte()`` land on it.
+        """
+        parent = parent_context
+        rid = request_id
+        try:
+            if parent is None and incoming_headers is not None:
+                parent = extract_context(incoming_headers)
+            if rid is None and incoming_headers is not None:
+                rid = header_value(incoming_headers, "x-request-id")
+        except Exception as exc:
+            self._fail(exc)
+        return Inbound(self, parent, str(rid) if rid else os.urandom(16).hex(), str(method), path)
+
     def decide(
         self,
         request_id: str | None,
@@ -203,11 +256,16 @@ class DecisionRecorder:
         parent_context: Context | None = None,
         incoming_headers: Any = None,
     ) -> Decision:
-        """Open the decision span of one attempt; use as ``with rec.decide(...) as d:``.
+        """Open the decision span of one attempt; use as ``with rec.decide(...) as d:`` or
+        ``async with``.
 
-        The span starts now. Parent: ``parent_context``, else the trace context extracted from
-        ``incoming_headers``, else the current context. ``request_id`` None takes the incoming
-        ``x-request-id`` header, else a generated id.
+        The span starts now. Parent: ``parent_context``, else the router's server span (inside
+        :class:`RouterMiddleware` or ``rec.serve()``), else the trace context extracted from
+        ``incoming_headers``, else the current context. ``request_id`` None takes the server
+        span's request id, else the incoming ``x-request-id`` header, else a generated id.
+        ``model``, ``input_tokens``, ``max_tokens``, ``prefix_hashes`` (chained prefix block
+        hashes, no text), ``stream`` and ``endpoint`` describe the request as the router saw it;
+        ``attempt`` numbers retries (a retry is a new ``decide()``).
         """
         return Decision(
             self, request_id, model, input_tokens, max_tokens, prefix_hashes, stream, endpoint,
@@ -331,6 +389,19 @@ class DecisionRecorder:
         with self._lock:
             self._errors += 1
         self._log(f"{type(exc).__name__}: {exc}", exc)
+
+    def _misused(self, kind: Misuse, detail: str) -> None:
+        """Count one instrumentation mistake; the first of each kind is logged."""
+        with self._lock:
+            self._errors += 1
+            n = self._misuse.get(kind, 0)
+            self._misuse[kind] = n + 1
+        if n == 0:
+            _LOG.warning(
+                "routeaudit router instrumentation misuse (%s): %s. The router is unaffected; "
+                "later occurrences are counted in DecisionRecorder.errors and .misuse, not "
+                "logged", kind, detail,
+            )
 
     def _log(self, what: str, exc: BaseException | None = None) -> None:
         now = time.monotonic()
@@ -555,7 +626,8 @@ class Decision:
 
     __slots__ = (
         "_rec", "request_id", "attempt", "_span", "_parent", "_rows", "_chosen", "_chosen_index",
-        "_reason", "_outcome", "_decided_ns", "_errors", "_forward", "_ended",
+        "_reason", "_outcome", "_decided_ns", "_errors", "_forward", "_ended", "_server",
+        "_misuse", "_start_ns",
     )
 
     def __init__(
@@ -573,34 +645,50 @@ class Decision:
         self._errors = 0
         self._forward: Forward | None = None
         self._ended = False
+        self._misuse: list[str] | None = None
         self._span: trace.Span = trace.INVALID_SPAN
         self._parent = parent_context
+        self._server = server = current_inbound()
+        self._start_ns = time.time_ns()
         self.attempt = attempt
         self.request_id = "" if request_id is None else str(request_id)
         try:
-            if parent_context is None and incoming_headers is not None:
+            if server is not None:
+                server._decisions.append(self)
+                if parent_context is None:
+                    self._parent = server.context
+            elif parent_context is None and incoming_headers is not None:
                 self._parent = extract_context(incoming_headers)
             if request_id is None:
-                rid = None
-                if incoming_headers is not None:
+                rid = server.request_id if server is not None else None
+                if rid is None and incoming_headers is not None:
                     rid = header_value(incoming_headers, "x-request-id")
                 self.request_id = rid or os.urandom(16).hex()
             attrs = rec._request_attrs(
                 self.request_id, attempt, model, input_tokens, max_tokens, prefix_hashes, stream,
                 endpoint,
             )
-            self._span = rec._start_span(sc.SPAN_DECISION, self._parent, SpanKind.INTERNAL, attrs)
+            self._span = rec._start_span(
+                sc.SPAN_DECISION, self._parent, SpanKind.INTERNAL, attrs, self._start_ns)
         except Exception as exc:
             # Keep the incoming trace flowing to the replica even without a span of our own.
             self._span = trace.NonRecordingSpan(
                 trace.get_current_span(self._parent).get_span_context())
             self._error(exc)
 
-    # -- context manager
+    # -- context managers (the block's end is the decision span's end)
     def __enter__(self) -> Decision:
         return self
 
     def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.end(ev)
+
+    async def __aenter__(self) -> Decision:
+        return self
+
+    async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.end(ev)
@@ -617,7 +705,14 @@ class Decision:
         """Note one candidate replica and the telemetry the router saw for it (cheap).
 
         ``dp_rank``: the engine's DP rank when ``replica`` runs several (``routeaudit.replica.dp_rank``).
+        ``replica`` None is a misuse: the candidate is left out.
         """
+        if replica is None:
+            self._misused("none_replica", "candidate(None): the candidate is left out")
+            return
+        if self._ended:
+            self._misused("decided_after_end", "candidate() after the decide block ended: lost")
+            return
         self._rows.append((
             replica, eligible, excluded_reason, waiting, running, kv_usage, remaining_tokens,
             telemetry_ts_ns, pending, predicted_cached_tokens, est_queue_ms, est_prefill_ms, score,
@@ -625,7 +720,22 @@ class Decision:
         ))
 
     def choose(self, replica: str, reason: str | None = None, *, outcome: str = "routed") -> None:
-        """The decision: ``replica`` gets the request. Marks the decision instant."""
+        """The decision: ``replica`` gets the request. Marks the decision instant.
+
+        Call it inside the ``decide`` block: afterwards the decision span has ended and the
+        choice only names the replica of a later ``forward()``. ``replica`` None is a misuse
+        (use ``reject()`` when nobody gets the request).
+        """
+        if replica is None:
+            self._misused("none_replica", "choose(None): use reject() when no replica is chosen")
+            return
+        if self._ended:
+            self._misused(
+                "decided_after_end",
+                "choose() after the decide block ended: the decision span is already recorded "
+                "without it; call choose() inside the block")
+            self._chosen = replica
+            return
         self._decided_ns = time.time_ns()
         self._chosen = replica
         self._reason = reason
@@ -633,6 +743,9 @@ class Decision:
 
     def reject(self, reason: str | None = None, *, outcome: str = "rejected") -> None:
         """No replica gets the request (admission limit, no eligible replica, queue...)."""
+        if self._ended:
+            self._misused("decided_after_end", "reject() after the decide block ended: lost")
+            return
         self._decided_ns = time.time_ns()
         self._chosen = None
         self._reason = reason
@@ -641,12 +754,51 @@ class Decision:
     def forward(self, url: str, *, replica: str | None = None) -> Forward:
         """Start the ``routeaudit.forward`` CLIENT span (child of the decision span) now.
 
-        ``replica`` defaults to the chosen replica. Use as a context manager, or call
-        ``end()``; may outlive the ``decide`` block (streaming responses).
+        ``replica`` defaults to the chosen replica. Send ``Forward.headers`` to the replica.
+        Use as ``with``/``async with`` or call ``end()``; ``Forward.stream()`` /
+        ``Forward.astream()`` hand the end to the relayed body. May outlive the ``decide``
+        block (it normally comes after it).
         """
         fwd = Forward(self, url, replica if replica is not None else self._chosen)
         self._forward = fwd
         return fwd
+
+    def respond(self, status: int) -> None:
+        """The HTTP status the router answers its client with.
+
+        Recorded on the router's server span (``RouterMiddleware``, ``rec.serve()``; the
+        middleware records it by itself), else on the decision span while it is open; with
+        neither, a misuse (``respond_without_span``).
+        """
+        server = self._server
+        if server is not None:
+            server.respond(status)
+            return
+        if self._ended:
+            self._misused(
+                "respond_without_span",
+                "respond() after the decide block ended with no server span to carry it: use "
+                "RouterMiddleware or rec.serve(), or respond inside the block")
+            return
+        try:
+            code = int(status)
+            self._span.set_attribute(sc.HTTP_STATUS, code)
+            if code >= 500:
+                self._span.set_status(Status(StatusCode.ERROR))
+        except Exception as exc:
+            self._error(exc)
+
+    def first_byte(self) -> None:
+        """Mark now as the first response body byte the router sent (router-side TTFT).
+
+        ``Forward.stream()`` / ``astream()`` and ``RouterMiddleware`` mark it by themselves.
+        Recorded on the server span, else on the decision span while it is open; with neither,
+        a misuse (``respond_without_span``).
+        """
+        if not self._first_byte(now=time.time_ns()):
+            self._misused(
+                "respond_without_span",
+                "first_byte() after the decide block ended with no server span to carry it")
 
     def outgoing_headers(self) -> dict[str, str]:
         """Headers to send to the replica: of the open forward span, else of the decision span."""
@@ -666,9 +818,6 @@ class Decision:
         self._ended = True
         span = self._span
         try:
-            if not span.is_recording():
-                return
-            decided = self._decided_ns or time.time_ns()
             rows = self._rows
             chosen_index = -1
             if self._chosen is not None:
@@ -676,6 +825,14 @@ class Decision:
                     if row[0] == self._chosen:
                         chosen_index = i
                         break
+                if chosen_index < 0 and rows:
+                    self._misused(
+                        "chosen_not_candidate",
+                        f"choose({self._chosen!r}) names a replica that was not passed to "
+                        "candidate(): recorded as chosen, with no telemetry")
+            if not span.is_recording():
+                return
+            decided = self._decided_ns or time.time_ns()
             candidates_json = None
             if not self._rec._json:
                 bad = _emit_candidates(span, rows, chosen_index, decided)
@@ -692,10 +849,11 @@ class Decision:
             if exc is not None:
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            span.set_attributes(
-                _final_attrs(self._chosen, reason, outcome, len(rows), decided, self._errors,
-                             candidates_json)
-            )
+            final = _final_attrs(self._chosen, reason, outcome, len(rows), decided, self._errors,
+                                 candidates_json)
+            if self._misuse:
+                final[sc.MISUSE] = tuple(self._misuse)
+            span.set_attributes(final)
             if bad:
                 self._rec._count(bad, f"request {self.request_id!r}: bad candidate values")
         except Exception as e:
@@ -707,6 +865,34 @@ class Decision:
                 self._rec._fail(e)
 
     # -- internals
+    def _first_byte(self, now: int) -> bool:
+        """Mark the first byte on the server span, else the open decision span; False when
+        neither can carry it."""
+        server = self._server
+        if server is not None:
+            server.first_byte()
+            return True
+        if self._ended:
+            return False
+        try:
+            self._span.set_attribute(sc.ROUTER_TTFB_MS, (now - self._start_ns) / 1e6)
+        except Exception as exc:
+            self._error(exc)
+        return True
+
+    def _misused(self, kind: Misuse, detail: str) -> None:
+        """Count a mistake; name it on this decision's span, else on its open forward span."""
+        try:
+            self._rec._misused(kind, f"request {self.request_id!r}: {detail}")
+            if not self._ended:
+                if self._misuse is None:
+                    self._misuse = []
+                self._misuse.append(kind)
+            elif self._forward is not None and not self._forward._ended:
+                self._forward._add_misuse(kind)
+        except Exception as exc:  # never raise into the router
+            self._rec._fail(exc)
+
     def _error(self, exc: BaseException) -> None:
         self._errors += 1
         with self._rec._lock:
@@ -732,13 +918,22 @@ class Decision:
 
 
 class Forward:
-    """The router's call to the chosen replica (``routeaudit.forward``, kind CLIENT)."""
+    """The router's call to the chosen replica (``routeaudit.forward``, kind CLIENT).
 
-    __slots__ = ("_decision", "_span", "headers", "_ended")
+    Ends by ``end()``, by leaving its ``with``/``async with`` block, or, once ``stream()`` /
+    ``astream()`` wrapped the replica's body, when that body is done (completed, cancelled by the
+    client, or broken). A forward span the router never ends is closed by the recorder with an
+    error mark (``forward_not_ended``) when the router's server span ends or the object is
+    garbage-collected.
+    """
+
+    __slots__ = ("_decision", "_span", "headers", "_ended", "_relayed", "_misuse")
 
     def __init__(self, decision: Decision, url: str, replica: str | None) -> None:
         self._decision = decision
         self._ended = False
+        self._relayed = False
+        self._misuse: list[str] | None = None
         self._span: trace.Span = trace.INVALID_SPAN
         try:
             self._span = decision._rec._start_span(
@@ -763,7 +958,36 @@ class Forward:
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.end(ev)
+        if ev is not None or not self._relayed:
+            self.end(ev)
+
+    async def __aenter__(self) -> Forward:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if ev is not None or not self._relayed:
+            self.end(ev)
+
+    def stream(self, body: Any) -> Iterator[bytes]:
+        """Relay a replica's body, ending this span when it is done.
+
+        ``body``: an iterable of chunks, or a streamed sync ``httpx.Response`` (its status is
+        recorded now; read raw; closed at the end). The first non-empty chunk marks the router's
+        first byte; a consumer that stops early ends the span as ``cancelled``; an error of the
+        body ends it with that error and is re-raised. Leaving an enclosing ``with`` block no
+        longer ends the span (unless by an exception).
+        """
+        self._relayed = True
+        return sync_relay(self, body)
+
+    def astream(self, body: Any) -> AsyncIterator[bytes]:
+        """:meth:`stream` for async bodies: an async iterable, or a streamed ``httpx.Response``
+        of an ``AsyncClient``. ``asyncio.CancelledError`` (the server cancelling the task of a
+        client that went away) ends the span as ``cancelled``."""
+        self._relayed = True
+        return async_relay(self, body)
 
     def set_http_status(self, status: int) -> None:
         """The replica's HTTP status; 4xx/5xx mark the span as an error."""
@@ -780,14 +1004,80 @@ class Forward:
             self._decision._error(exc)
 
     def end(self, exc: BaseException | None = None) -> None:
-        """End the forward span (safe to call twice)."""
+        """End the forward span (safe to call twice). ``exc``: the forward failed with it
+        (``asyncio.CancelledError`` / ``GeneratorExit`` count as a client cancel)."""
+        if self._ended:
+            return
+        if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+            self._end_cancelled()
+            return
+        self._ended = True
+        span = self._span
+        try:
+            if exc is not None and span.is_recording():
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
+            span.end()
+        except Exception as e:
+            self._decision._error(e)
+
+    # -- internals
+    def _first_byte(self) -> None:
+        try:
+            self._decision._first_byte(time.time_ns())
+        except Exception as exc:
+            self._decision._error(exc)
+
+    def _end_cancelled(self) -> None:
+        """The client went away mid-response: the span ends in error ``cancelled``, and the
+        router's server span (if any) records the cancel."""
         if self._ended:
             return
         self._ended = True
         try:
-            if exc is not None and self._span.is_recording():
-                self._span.record_exception(exc)
-                self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            server = self._decision._server
+            if server is not None:
+                server.cancelled()
+            self._span.set_attribute(sc.ERROR_TYPE, "cancelled")
+            self._span.set_status(Status(StatusCode.ERROR, "cancelled: the client went away"))
             self._span.end()
         except Exception as e:
             self._decision._error(e)
+
+    def _add_misuse(self, kind: str) -> None:
+        if self._misuse is None:
+            self._misuse = []
+        self._misuse.append(kind)
+        self._span.set_attribute(sc.MISUSE, tuple(self._misuse))
+
+    def _abandon(self, when: str) -> None:
+        """Close a forward the router never ended, with an error mark."""
+        if self._ended:
+            return
+        server = self._decision._server
+        if server is not None and server._cancelled:
+            self._end_cancelled()  # the relay was dropped because the client left
+            return
+        try:
+            self._decision._rec._misused(
+                "forward_not_ended",
+                f"request {self._decision.request_id!r}: a forward span was never ended (closed "
+                f"when {when}); end it, use it as a with block, or relay with stream()/astream()")
+            self._add_misuse("forward_not_ended")
+            self._span.set_attribute(sc.ERROR_TYPE, "forward_not_ended")
+            self._span.set_status(Status(StatusCode.ERROR, f"forward never ended (closed when {when})"))
+        except Exception as e:
+            self._decision._error(e)
+        self._ended = True
+        try:
+            self._span.end()
+        except Exception as e:
+            self._decision._error(e)
+
+    def __del__(self) -> None:
+        try:
+            if not self._ended:
+                self._abandon("it was garbage-collected")
+        except Exception:  # nothing may escape a finalizer
+            pass

@@ -349,11 +349,11 @@ def test_json_weird_values_never_raise_and_stay_valid(otel: Any, caplog: Any) ->
                         score="2.5", running="3")  # type: ignore[arg-type]  # 2 dropped
             d.candidate(_Unprintable(), excluded_reason=_Unprintable(),  # type: ignore[arg-type]
                         score=_Unprintable())  # type: ignore[arg-type]  # 3 dropped
-            d.candidate(None, telemetry_ts_ns=nan)  # type: ignore[arg-type]  # 1 dropped
+            d.candidate(None, telemetry_ts_ns=nan)  # type: ignore[arg-type]  # a misuse: left out
             d.choose("nan")
     dec = spans(exporter)[sc.SPAN_DECISION]
     c = candidates(dec)  # strict JSON: no NaN/Infinity tokens
-    assert len(c) == 6
+    assert len(c) == 5
     assert c[0] == {"replica": "nan", "eligible": True, "kv_usage": None, "score": None,
                     "est_queue_ms": None, "est_prefill_ms": 1e308, "chosen": True}
     assert c[1] == {"replica": "huge", "eligible": True, "pending": 2**63 - 1,
@@ -363,10 +363,10 @@ def test_json_weird_values_never_raise_and_stay_valid(otel: Any, caplog: Any) ->
     assert c[3] == {"replica": 'weird\n"obj"', "eligible": True, "running": 3, "score": 2.5,
                     "chosen": False}
     assert c[4] == {"eligible": True, "chosen": False}
-    assert c[5] == {"eligible": True, "chosen": False}
-    dropped = 4 + 2 + 3 + 1
+    dropped = 4 + 2 + 3
     assert dec.attributes[sc.DECISION_RECORDER_ERRORS] == dropped
-    assert rec.errors == dropped
+    assert dec.attributes[sc.MISUSE] == ("none_replica",)
+    assert rec.errors == dropped + 1
     assert dec.attributes[sc.DECISION_CHOSEN] == "nan"
 
 
