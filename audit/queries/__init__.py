@@ -17,6 +17,13 @@ Contracts:
   (:class:`audit.QueryError`, :class:`audit.ReadOnlyError`, :class:`audit.StoreError`) with a
   one-line message.
 * Durations are milliseconds, times ``timestamptz`` on the reference clock (see docs/schema.md).
+* Every function behind a page that lists or aggregates requests takes ``window``, a
+  :class:`TimeWindow` (None: the whole store). It keeps the requests whose start
+  (``first_seen_at``) lies in it, as a bound range predicate DuckDB pushes into the scan, so a
+  page's cost follows the window, not the store; rows of other relations follow their
+  request, or for charts over time (load, scrapes, decisions, herding episodes) their own
+  instant. :func:`store_range` says which range the store covers, :func:`window_counts` how
+  many requests a window holds (final and provisional, when the store says).
 * "Good", "slow" and "failed" are the SLO judgement of the attribution relations
   (``int_attr_requests_judged``; docs/attribution.md, "SLO and goodput") at the ``slo`` passed
   in (None: the reader's own): a request is *good* when it succeeded (``status = 'ok'``, or no
@@ -31,7 +38,16 @@ from audit.queries._cache import (
     cache_misses_over_time,
     cache_scatter,
 )
-from audit.queries._common import TABLE_LIMIT, describe_lag, has_relation, relation_columns, relations_freshness
+from audit.queries._common import (
+    TABLE_LIMIT,
+    TimeWindow,
+    describe_lag,
+    has_relation,
+    relation_columns,
+    relations_freshness,
+    store_range,
+    window_counts,
+)
 from audit.queries._overview import failures_by_kind, overview_totals, replica_load_over_time, requests_over_time
 from audit.queries._policies import run_failures, run_list, run_summaries
 from audit.queries._request import (
@@ -53,6 +69,10 @@ __all__ = [
     "has_relation",
     "relations_freshness",
     "describe_lag",
+    # time window
+    "TimeWindow",
+    "store_range",
+    "window_counts",
     # overview
     "overview_totals",
     "requests_over_time",

@@ -1,10 +1,11 @@
 """What every page's queries share: running a query at an SLO, the judged requests, what
-relations exist, time buckets, the store's freshness."""
+relations exist, the time window, time buckets, the store's freshness and range."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import polars as pl
@@ -33,6 +34,11 @@ REQUEST_AT: Final = "first_seen_at"
 client's when it is instrumented, else the router's or the replica's), so that every page works
 on the server-side spans alone."""
 
+FINAL_COLUMNS: Final = ("is_final", "verdict_final")
+"""Names the ``requests`` column saying a request's verdict is final (its partition closed,
+docs/architecture.md, "The watermark: provisional and final") may have, in order of
+preference; a store without one has no provisional/final split."""
+
 ATTR_COLUMNS: Final = ("request_key", "request_id", "run_id", "cause", "excess_ms", "is_primary")
 """Columns of ``attributions`` the queries read."""
 
@@ -56,6 +62,106 @@ OUTCOMES: Final = f"""
 """Aggregates over judged requests: requests, ok, failed, slow, good, attainment (good /
 requests), first_at, last_at, window_s (first to last start, at least 1 ms), goodput_rps (good
 per second of the window), ttft/tpot p50/p90/p99 (ms, successful requests only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimeWindow:
+    """The requests a page shows: those whose start (:data:`REQUEST_AT`) lies in
+    ``[start, end]``, both ends included; a bound that is None is open. ``TimeWindow()`` is the
+    whole store.
+
+    Times are timestamps on the reference clock; a naive datetime is read as UTC. The query
+    functions turn a window into a predicate on ``requests.first_seen_at`` (bound values), so
+    DuckDB skips the row groups outside it and a page's cost follows the window."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                object.__setattr__(self, name, value.replace(tzinfo=UTC))
+        if self.start is not None and self.end is not None and self.start > self.end:
+            raise ValueError(f"time window starts after it ends: {self.start} > {self.end}")
+
+    @classmethod
+    def ending_at(cls, newest: datetime, span: timedelta) -> TimeWindow:
+        """The ``span`` before ``newest``, ``newest`` included: the dashboard's default is the
+        hour ending at the newest request stored (not the wall clock: a store may be days
+        old)."""
+        return cls(newest - span, newest)
+
+    @property
+    def is_all(self) -> bool:
+        """No bound: every request."""
+        return self.start is None and self.end is None
+
+    def contains(self, at: datetime) -> bool:
+        """Whether a request started at ``at`` is in the window."""
+        at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+        return (self.start is None or at >= self.start) and (self.end is None or at <= self.end)
+
+
+def in_window(window: TimeWindow | None, column: str = REQUEST_AT) -> tuple[str, list[Any]]:
+    """A SQL predicate keeping the rows of ``window`` on ``column`` (a constant of this
+    package, never user input) and its parameters, in order; ``("true", [])`` for the whole
+    store. Only the bounds that are set are written, so the predicate stays a plain range
+    DuckDB can push into the scan."""
+    if window is None:
+        return "true", []
+    parts: list[str] = []
+    params: list[Any] = []
+    if window.start is not None:
+        parts.append(f"{column} >= ?")
+        params.append(window.start)
+    if window.end is not None:
+        parts.append(f"{column} <= ?")
+        params.append(window.end)
+    return (" and ".join(parts) or "true"), params
+
+
+def overlaps_window(window: TimeWindow | None, start: str, end: str) -> tuple[str, list[Any]]:
+    """Like :func:`in_window` for rows that last from column ``start`` to column ``end``
+    (an execution on a replica): those that overlap the window."""
+    if window is None:
+        return "true", []
+    parts: list[str] = []
+    params: list[Any] = []
+    if window.end is not None:
+        parts.append(f"{start} <= ?")
+        params.append(window.end)
+    if window.start is not None:
+        parts.append(f"{end} >= ?")
+        params.append(window.start)
+    return (" and ".join(parts) or "true"), params
+
+
+def store_range(reader: Reads) -> pl.DataFrame:
+    """Which requests the store holds, in one row: ``requests`` (count), ``first_at`` and
+    ``last_at`` (the oldest and newest :data:`REQUEST_AT`; null in an empty store)."""
+    return reader.query(
+        f"select count(*) as requests, min({REQUEST_AT}) as first_at, "
+        f"max({REQUEST_AT}) as last_at from requests"
+    )
+
+
+def window_counts(reader: Reads, window: TimeWindow | None = None) -> pl.DataFrame:
+    """The requests of ``window``, in one row: ``requests``, ``first_at``, ``last_at``, and
+    ``final`` / ``provisional`` (how many have a final verdict and how many may still change)
+    when ``requests`` has a finality column (:data:`FINAL_COLUMNS`), else null."""
+    columns = relation_columns(reader).get("requests", [])
+    final = next((c for c in FINAL_COLUMNS if c in columns), None)
+    split = (f"count(*) filter (where {final}) as final, "
+             f"count(*) filter (where not coalesce({final}, false)) as provisional"
+             if final is not None else
+             "cast(null as bigint) as final, cast(null as bigint) as provisional")
+    where, params = in_window(window)
+    return reader.query(
+        f"select count(*) as requests, min({REQUEST_AT}) as first_at, "
+        f"max({REQUEST_AT}) as last_at, {split} from requests where {where}",
+        params,
+    )
 
 
 def query_at(reader: Reads, sql: str, params: Sequence[Any] | None = None, slo: SLO | None = None,

@@ -6,27 +6,44 @@ import polars as pl
 
 from audit._reads import Reads
 from audit._slo import SLO
-from audit.queries._common import JUDGED, OUTCOMES, REQUEST_AT, bucket, buckets_param, query_at, width
+from audit.queries._common import (
+    JUDGED,
+    OUTCOMES,
+    REQUEST_AT,
+    TimeWindow,
+    bucket,
+    buckets_param,
+    in_window,
+    overlaps_window,
+    query_at,
+    width,
+)
 
 
-def overview_totals(reader: Reads, slo: SLO | None = None) -> pl.DataFrame:
-    """One row: request counts, SLO attainment, goodput and latency percentiles.
+def overview_totals(reader: Reads, slo: SLO | None = None, *,
+                    window: TimeWindow | None = None) -> pl.DataFrame:
+    """One row: request counts, SLO attainment, goodput and latency percentiles of the
+    requests in ``window`` (None: the whole store).
 
     Columns: requests, ok, failed, slow, good, attainment (good / requests), first_at, last_at,
     window_s, goodput_rps (good requests per second of the observed window), ttft_p50/p90/p99,
     tpot_p50/p90/p99 (ms, successful requests only).
     """
-    return query_at(reader, f"select {OUTCOMES} from {JUDGED}", None, slo)
+    where, params = in_window(window)
+    return query_at(reader, f"select {OUTCOMES} from {JUDGED} where {where}", params, slo)
 
 
-def requests_over_time(reader: Reads, slo: SLO | None = None, buckets: int = 60) -> pl.DataFrame:
-    """Per time bucket of the requests' start (:data:`REQUEST_AT`): requests, good, failed, attainment, goodput_rps,
-    ttft_p50, ttft_p99 (ms). ``bucket_s`` is the bucket width in seconds (about ``buckets``
-    buckets over the observed window)."""
+def requests_over_time(reader: Reads, slo: SLO | None = None, buckets: int = 60, *,
+                       window: TimeWindow | None = None) -> pl.DataFrame:
+    """Per time bucket of the requests' start (:data:`REQUEST_AT`), over the requests in
+    ``window``: requests, good, failed, attainment, goodput_rps, ttft_p50, ttft_p99 (ms).
+    ``bucket_s`` is the bucket width in seconds (about ``buckets`` buckets over the observed
+    window)."""
+    where, params = in_window(window)
     return query_at(
         reader,
         f"""
-        with base as (select * from {JUDGED} where {REQUEST_AT} is not null),
+        with base as (select * from {JUDGED} where {REQUEST_AT} is not null and {where}),
         {width(REQUEST_AT)},
         bucketed as (
             select
@@ -51,25 +68,30 @@ def requests_over_time(reader: Reads, slo: SLO | None = None, buckets: int = 60)
         )
         select * from final order by bucket
         """,
-        [buckets_param(buckets)],
+        [*params, buckets_param(buckets)],
         slo,
     )
 
 
-def replica_load_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
-    """Per replica and time bucket, true load beside the load the routers saw.
+def replica_load_over_time(reader: Reads, buckets: int = 60, *,
+                           window: TimeWindow | None = None) -> pl.DataFrame:
+    """Per replica and time bucket, true load beside the load the routers saw, within
+    ``window`` (a chart over time: executions that overlap it, decisions taken in it).
 
     Columns: bucket, replica, source, load. ``source = 'true (executions)'``: requests in flight
     on the replica (started, not ended) at the bucket's start, from ``executions``.
     ``source = 'seen by routers (candidates)'``: mean waiting + running the routers' telemetry
     showed for that replica in decisions taken during the bucket.
     """
+    running, run_params = overlaps_window(window, "start_at", "coalesce(end_at, start_at)")
+    decided, dec_params = in_window(window, "d.decided_at")
+    inside, inside_params = in_window(window, "t")
     return reader.query(
         f"""
         with execs as (
             select replica, start_at, coalesce(end_at, start_at) as end_at
             from executions
-            where start_at is not null and replica is not null
+            where start_at is not null and replica is not null and {running}
         ),
         seen as (
             select c.replica, d.decided_at,
@@ -78,15 +100,17 @@ def replica_load_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
             inner join decisions as d
                 on c.request_key = d.request_key and c.attempt = d.attempt
             where d.decided_at is not null and c.replica is not null
-                and (c.waiting is not null or c.running is not null)
+                and (c.waiting is not null or c.running is not null) and {decided}
         ),
         bounds as (
+            -- executions overlapping the window reach past it: the ticks stay inside it
             select min(t) as t0, max(t) as t1
             from (
                 select start_at as t from execs
                 union all select end_at from execs
                 union all select decided_at from seen
             )
+            where {inside}
         ),
         width as (
             select t0, t1, greatest(1, ceil((epoch(t1) - epoch(t0)) / ?)) as bucket_s
@@ -120,15 +144,17 @@ def replica_load_over_time(reader: Reads, buckets: int = 60) -> pl.DataFrame:
         final as (select * from true_load union all select * from seen_load)
         select * from final order by bucket, replica, source
         """,
-        [buckets_param(buckets), buckets_param(buckets)],
+        [*run_params, *dec_params, *inside_params, buckets_param(buckets),
+         buckets_param(buckets)],
     )
 
 
-def failures_by_kind(reader: Reads) -> pl.DataFrame:
-    """Failed requests by kind. Columns: kind, status, http_status, requests."""
+def failures_by_kind(reader: Reads, *, window: TimeWindow | None = None) -> pl.DataFrame:
+    """Failed requests in ``window`` by kind. Columns: kind, status, http_status, requests."""
+    where, params = in_window(window)
     return reader.query(
         f"""
-        with failed as (select * from {JUDGED} where not is_ok),
+        with failed as (select * from {JUDGED} where not is_ok and {where}),
         final as (
             select
                 status || coalesce(' ' || http_status::varchar, '') as kind,
@@ -139,5 +165,6 @@ def failures_by_kind(reader: Reads) -> pl.DataFrame:
             group by all
         )
         select * from final order by requests desc, kind
-        """
+        """,
+        params,
     )

@@ -7,23 +7,25 @@ import polars as pl
 
 from audit._reads import Reads
 from audit._slo import SLO
-from audit.queries._common import ATTR_COLUMNS, REQUEST_AT, has_relation, query_at
+from audit.queries._common import ATTR_COLUMNS, REQUEST_AT, TimeWindow, has_relation, in_window, query_at
 
 
 def request_matches(reader: Reads, text: str, limit: int = 50, *,
-                    prefer: str | None = None) -> pl.DataFrame:
-    """Requests whose request id or request key is ``text``, latest first, the request key
-    ``prefer`` (the one a link named) first of all, so ``limit`` never drops it: request ids
-    repeat (capture runs, replays, clients reusing X-Request-Id), request keys do not. Columns:
-    request_key, request_id, run_id, started_at (:data:`REQUEST_AT`), status, ttft_ms, matching (how many requests
-    match in all, beyond ``limit`` too)."""
+                    prefer: str | None = None, window: TimeWindow | None = None) -> pl.DataFrame:
+    """Requests of ``window`` (None: the whole store) whose request id or request key is
+    ``text``, latest first, the request key ``prefer`` (the one a link named) first of all, so
+    ``limit`` never drops it: request ids repeat (capture runs, replays, clients reusing
+    X-Request-Id), request keys do not. Columns: request_key, request_id, run_id, started_at
+    (:data:`REQUEST_AT`), status, ttft_ms, matching (how many requests match in all, beyond
+    ``limit`` too)."""
+    where, params = in_window(window)
     return reader.query(
         f"select request_key, request_id, run_id, {REQUEST_AT} as started_at, status, ttft_ms, "
         "count(*) over () as matching from requests "
-        "where request_id = ? or request_key = ? "
+        f"where (request_id = ? or request_key = ?) and {where} "
         "order by request_key is not distinct from ? desc, started_at desc nulls last, "
         "request_key limit ?",
-        [text, text, prefer, int(limit)])
+        [text, text, *params, prefer, int(limit)])
 
 
 def request_detail(reader: Reads, request_key: str) -> pl.DataFrame:

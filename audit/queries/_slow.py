@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Final, NamedTuple
 
 import polars as pl
 
 from audit._reads import Reads
 from audit._slo import SLO
-from audit.queries._common import ATTR_COLUMNS, JUDGED, REPLICA, REQUEST_AT, TABLE_LIMIT, has_relation, query_at
+from audit.queries._common import (
+    ATTR_COLUMNS,
+    JUDGED,
+    REPLICA,
+    REQUEST_AT,
+    TABLE_LIMIT,
+    TimeWindow,
+    has_relation,
+    in_window,
+    query_at,
+)
 
 
-def filter_options(reader: Reads) -> dict[str, Any]:
-    """Choices for the slow-request filters: replicas, routers, policies, runs, and the time
-    window (``first_at``, ``last_at``). Causes come from :func:`slow_cause_breakdown` (planning
-    the attribution relations is the expensive part, so it is done once per page)."""
+def filter_options(reader: Reads, *, window: TimeWindow | None = None) -> dict[str, Any]:
+    """Choices for the slow-request filters among the requests of ``window``: replicas,
+    routers, policies, runs, and when they started (``first_at``, ``last_at``; None when the
+    window holds no request). Causes come from :func:`slow_cause_breakdown` (planning the
+    attribution relations is the expensive part, so it is done once per page)."""
+    where, params = in_window(window)
     df = reader.query(
         f"""
         select
@@ -28,7 +39,9 @@ def filter_options(reader: Reads) -> dict[str, Any]:
             min({REQUEST_AT}) as first_at,
             max({REQUEST_AT}) as last_at
         from requests
-        """
+        where {where}
+        """,
+        params,
     )
     row = df.row(0, named=True)
     out: dict[str, Any] = {k: (row[k] or []) for k in ("replicas", "routers", "policies", "runs")}
@@ -40,7 +53,9 @@ _PRIMARY_ATTR: Final = """
     primary_attr as (
         select request_key, cause, sub_kind, excess_ms, confidence, evidence, evidence_source
         from attributions
-        where is_primary
+        -- only the rows of the requests shown (those of the window): a request's rows are all
+        -- kept or all dropped, so its one primary cause below is unchanged
+        where is_primary and request_key in (select request_key from base)
         qualify row_number() over (
             partition by request_key order by excess_ms desc nulls last) = 1
     ),"""
@@ -57,16 +72,15 @@ _NO_ATTR: Final = """
 """``primary_attr`` in a store without the attribution relations: no cause for anyone."""
 
 
-def _slow_sql(reader: Reads, *, start: datetime | None, end: datetime | None,
+def _slow_sql(reader: Reads, *, window: TimeWindow | None,
               replica: str | None, router: str | None, policy: str | None, run: str | None,
               cause: str | None, materialized: bool = False) -> tuple[str, list[Any]]:
     """The ``slow`` CTE chain (ends in a relation named ``slow_f``) and its parameters;
     ``materialized``: ``slow_f`` is computed once however often the query reads it."""
-    where = ["is_slow"]
-    params: list[Any] = []
+    when, params = in_window(window)
+    where = ["is_slow", when]
     # Column names below are constants; only the values are parameters.
-    for column, value in ((f"{REQUEST_AT} >= ?", start), (f"{REQUEST_AT} <= ?", end),
-                          (f"{REPLICA} = ?", replica), ("router_id = ?", router),
+    for column, value in ((f"{REPLICA} = ?", replica), ("router_id = ?", router),
                           ("policy = ?", policy), ("run_id = ?", run)):
         if value is not None:
             where.append(column)
@@ -75,10 +89,10 @@ def _slow_sql(reader: Reads, *, start: datetime | None, end: datetime | None,
     if cause is not None:
         params.append(cause)
     return f"""
-        with {_PRIMARY_ATTR if attributed else _NO_ATTR}
-        base as (
+        with base as (
             select *, total_excess_ms as over_slo_ms from {JUDGED} where {' and '.join(where)}
         ),
+        {_PRIMARY_ATTR if attributed else _NO_ATTR}
         slow as (
             select base.*, coalesce(a.cause, 'unattributed') as cause, a.sub_kind,
                 a.excess_ms, a.confidence, cast(a.evidence as varchar) as evidence,
@@ -108,11 +122,12 @@ _SLOW_CAUSES_ORDER: Final = "total_excess_ms desc nulls last, cause"
 
 
 def slow_requests(reader: Reads, slo: SLO | None = None, *,
-                  start: datetime | None = None, end: datetime | None = None,
+                  window: TimeWindow | None = None,
                   replica: str | None = None, router: str | None = None,
                   policy: str | None = None, run: str | None = None,
                   cause: str | None = None, limit: int = TABLE_LIMIT) -> pl.DataFrame:
-    """Slow requests (succeeded, missed a target), worst first.
+    """Slow requests (succeeded, missed a target) that started in ``window`` (None: the whole
+    store), worst first.
 
     Columns: request_id, run_id, started_at (:data:`REQUEST_AT`), ttft_ms, tpot_ms, over_slo_ms (ms beyond the
     targets: TTFT excess + TPOT excess × (output tokens − 1)), cause (primary cause, or
@@ -120,7 +135,7 @@ def slow_requests(reader: Reads, slo: SLO | None = None, *,
     (attributed), confidence, evidence, evidence_source, replica, router_id, policy,
     request_key (request ids may repeat; the key does not).
     """
-    ctes, params = _slow_sql(reader, start=start, end=end, replica=replica, router=router,
+    ctes, params = _slow_sql(reader, window=window, replica=replica, router=router,
                              policy=policy, run=run, cause=cause)
     params.append(int(limit))
     return query_at(reader, f"{ctes} {_SLOW_ROWS} order by {_SLOW_ROWS_ORDER} limit ?", params,
@@ -128,13 +143,13 @@ def slow_requests(reader: Reads, slo: SLO | None = None, *,
 
 
 def slow_cause_breakdown(reader: Reads, slo: SLO | None = None, *,
-                         start: datetime | None = None, end: datetime | None = None,
+                         window: TimeWindow | None = None,
                          replica: str | None = None, router: str | None = None,
                          policy: str | None = None, run: str | None = None,
                          cause: str | None = None) -> pl.DataFrame:
     """Slow requests by primary cause. Columns: cause, requests, total_excess_ms (attributed
     excess; the over-SLO ms when unattributed), share (of slow requests)."""
-    ctes, params = _slow_sql(reader, start=start, end=end, replica=replica, router=router,
+    ctes, params = _slow_sql(reader, window=window, replica=replica, router=router,
                              policy=policy, run=run, cause=cause)
     return query_at(reader, f"{ctes} {_SLOW_CAUSES} order by {_SLOW_CAUSES_ORDER}", params,
                     slo, run=run)
@@ -150,7 +165,7 @@ class SlowPage(NamedTuple):
 
 
 def slow_page(reader: Reads, slo: SLO | None = None, *,
-              start: datetime | None = None, end: datetime | None = None,
+              window: TimeWindow | None = None,
               replica: str | None = None, router: str | None = None,
               policy: str | None = None, run: str | None = None,
               cause: str | None = None, limit: int = TABLE_LIMIT) -> SlowPage:
@@ -159,7 +174,7 @@ def slow_page(reader: Reads, slo: SLO | None = None, *,
     At an SLO other than the defaults both are computed live over every slow request, most of
     their time; one query computes that once (``slow_f`` materialised) and returns the two
     results as lists of rows."""
-    ctes, params = _slow_sql(reader, start=start, end=end, replica=replica, router=router,
+    ctes, params = _slow_sql(reader, window=window, replica=replica, router=router,
                              policy=policy, run=run, cause=cause, materialized=True)
     params.append(int(limit))
     both = query_at(reader, ctes + f""",
