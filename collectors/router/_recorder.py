@@ -815,21 +815,21 @@ class Decision:
         """End the decision span (done by the ``with`` block; safe to call twice)."""
         if self._ended:
             return
+        rows = self._rows
+        chosen_index = -1
+        if self._chosen is not None:
+            for i, row in enumerate(rows):
+                if row[0] == self._chosen:
+                    chosen_index = i
+                    break
+            if chosen_index < 0 and rows:
+                self._misused(
+                    "chosen_not_candidate",
+                    f"choose({self._chosen!r}) names a replica that was not passed to "
+                    "candidate(): recorded as chosen, with no telemetry")
         self._ended = True
         span = self._span
         try:
-            rows = self._rows
-            chosen_index = -1
-            if self._chosen is not None:
-                for i, row in enumerate(rows):
-                    if row[0] == self._chosen:
-                        chosen_index = i
-                        break
-                if chosen_index < 0 and rows:
-                    self._misused(
-                        "chosen_not_candidate",
-                        f"choose({self._chosen!r}) names a replica that was not passed to "
-                        "candidate(): recorded as chosen, with no telemetry")
             if not span.is_recording():
                 return
             decided = self._decided_ns or time.time_ns()
