@@ -1,16 +1,23 @@
-"""What every page shares: the reader, cached queries, SLO targets, error display, charts.
+"""What every page shares: the reader, cached queries, SLO targets, the time window, error
+display, charts.
 
 The Reader is a ``st.cache_resource`` (one per store path; it opens the file read-only per
 query, or asks the running collector). Query results are ``st.cache_data`` entries keyed on the
 store's ``version()`` plus the query's arguments, so a new commit invalidates them.
+
+The time window is one state for every page: the sidebar's widgets (app.py draws them with
+:func:`window_sidebar`) are bound to the URL's query parameters, so a link keeps the window,
+and :func:`time_window` turns them into the :class:`audit.queries.TimeWindow` each page passes
+to its queries.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import altair as alt
 import polars as pl
@@ -45,6 +52,30 @@ NO_ATTRIBUTION: Final = (
     "The attribution relations (`attributions`) are not in this store yet: causes show as "
     "'unattributed'. Run `routeaudit attribute` or upgrade the store."
 )
+
+
+WINDOW_KEY: Final = "window"
+"""Session-state key and URL query parameter of the window picker."""
+WINDOW_FROM_KEY: Final = "window_from"
+WINDOW_TO_KEY: Final = "window_to"
+"""Keys (and URL query parameters) of the custom range's two ends, UTC to the minute."""
+
+WINDOW_SPANS: Final[dict[str, timedelta | None]] = {
+    "15m": timedelta(minutes=15),
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "all": None,
+    "custom": None,
+}
+"""The picker's choices: how far each reaches back from the newest request stored."""
+WINDOW_LABELS: Final = {"15m": "last 15 min", "1h": "last 1 h", "6h": "last 6 h",
+                        "24h": "last 24 h", "all": "all", "custom": "custom range"}
+_SHOWN_KEY: Final = "window_shown"
+"""Session state: the window the last run showed (a custom range starts from it)."""
+DEFAULT_WINDOW: Final = "1h"
+"""The window every page opens with: the hour ending at the newest request in the store (not
+the wall clock: a store may be days old)."""
 
 
 def store_path() -> Path:
@@ -133,6 +164,161 @@ def slo() -> audit.SLO:
 
 def empty(df: pl.DataFrame | None) -> bool:
     return df is None or df.height == 0
+
+
+def _quiet(name: str, *args: Any) -> Any:
+    """A cached query for the sidebar: None (logged, not shown) when the store cannot answer,
+    so the page below shows the one explanation."""
+    path = store_path()
+    if not path.exists():
+        return None  # the page explains
+    try:
+        r = _open(str(path))
+        return _cached(str(r.path), r.version(), name, args, ())
+    except Exception:  # noqa: BLE001
+        _log.debug("%s failed", name, exc_info=True)
+        return None
+
+
+class StoreSpan(NamedTuple):
+    """Which requests the store holds: how many, the oldest and newest start."""
+
+    requests: int
+    first_at: datetime | None
+    last_at: datetime | None
+
+
+def store_span() -> StoreSpan:
+    """The store's range (:func:`audit.queries.store_range`); no requests when it cannot say."""
+    df = _quiet("store_range")
+    if df is None or df.height != 1:
+        return StoreSpan(0, None, None)
+    row = df.row(0, named=True)
+    return StoreSpan(int(row["requests"] or 0), row["first_at"], row["last_at"])
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """A custom range's end as UTC (the picker's datetimes are naive, in UTC)."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _custom_range() -> tuple[datetime | None, datetime | None]:
+    return (_utc(st.session_state.get(WINDOW_FROM_KEY)), _utc(st.session_state.get(WINDOW_TO_KEY)))
+
+
+def time_window() -> queries.TimeWindow:
+    """The window the sidebar's picker chose: the last 15 min / 1 h / 6 h / 24 h up to the
+    newest request, everything, or a custom range (either end may be left open). A custom range
+    that ends before it starts falls back to the default (the sidebar says so); so does an
+    unknown choice. An empty store: everything (the pages say the store is empty)."""
+    choice = st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW)
+    if choice == "all":
+        return queries.TimeWindow()
+    if choice == "custom":
+        start, end = _custom_range()
+        if start is None or end is None or start <= end:
+            return queries.TimeWindow(start, end)
+        choice = DEFAULT_WINDOW
+    last = store_span().last_at
+    span = WINDOW_SPANS.get(choice) or WINDOW_SPANS[DEFAULT_WINDOW]
+    if last is None or span is None:
+        return queries.TimeWindow()
+    return queries.TimeWindow.ending_at(last, span)
+
+
+def fmt_time(at: datetime | None, open_end: str = "–") -> str:
+    """A time on the reference clock as ``2026-01-01 00:00:00`` UTC; ``open_end`` for None."""
+    if at is None:
+        return open_end
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def describe_window(window: queries.TimeWindow) -> str:
+    """``between 2026-01-01 00:00:00 and 2026-01-01 01:00:00 UTC`` (open ends named)."""
+    if window.is_all:
+        return "over the whole store"
+    return (f"between {fmt_time(window.start, 'the oldest request')} and "
+            f"{fmt_time(window.end, 'the newest request')} UTC")
+
+
+def _prefill_custom() -> None:
+    """On choosing "custom range": start from the window shown until now, to the minute, so
+    the range is a refinement, not a blank."""
+    if st.session_state.get(WINDOW_KEY) != "custom":
+        return
+    shown = st.session_state.get(_SHOWN_KEY) or queries.TimeWindow()
+    span = store_span()
+    start = shown.start or span.first_at
+    end = shown.end or span.last_at
+    if st.session_state.get(WINDOW_FROM_KEY) is None and start is not None:
+        st.session_state[WINDOW_FROM_KEY] = start.astimezone(UTC).replace(
+            tzinfo=None, second=0, microsecond=0)
+    if st.session_state.get(WINDOW_TO_KEY) is None and end is not None:
+        st.session_state[WINDOW_TO_KEY] = (end.astimezone(UTC).replace(
+            tzinfo=None, second=0, microsecond=0) + timedelta(minutes=1))
+
+
+def window_sidebar(*, applies: bool = True) -> None:
+    """The window picker and what it covers, for the sidebar (app.py calls it inside
+    ``st.sidebar`` on every page, so the state survives a page switch). ``applies``: False on
+    a page that reads the whole store (SQL), which says so."""
+    st.subheader("Time window")
+    choices = list(WINDOW_SPANS)
+    st.selectbox("Requests started in", choices, index=choices.index(DEFAULT_WINDOW),
+                 format_func=WINDOW_LABELS.__getitem__, key=WINDOW_KEY, bind="query-params",
+                 on_change=_prefill_custom,
+                 help="Up to the newest request in the store, not the wall clock.")
+    if st.session_state.get(WINDOW_KEY) == "custom":
+        st.datetime_input("From (UTC)", value=None, key=WINDOW_FROM_KEY, bind="query-params",
+                          format="YYYY-MM-DD", step=60)
+        st.datetime_input("To (UTC)", value=None, key=WINDOW_TO_KEY, bind="query-params",
+                          format="YYYY-MM-DD", step=60)
+        start, end = _custom_range()
+        if start is not None and end is not None and start > end:
+            st.warning("The range ends before it starts: showing the last hour.")
+    window = time_window()
+    st.session_state[_SHOWN_KEY] = window
+    if not applies:
+        st.caption("The SQL page reads the whole store; the window applies to the other pages.")
+    else:
+        st.caption(f"Showing requests {describe_window(window)}.")
+    span = store_span()
+    if span.requests:
+        st.caption(f"The store covers {fmt_time(span.first_at)} to {fmt_time(span.last_at)} UTC "
+                   f"({span.requests:,} requests).")
+    if applies and (split := finality_note(window)) is not None:
+        st.caption(split)
+
+
+def finality_note(window: queries.TimeWindow) -> str | None:
+    """How many requests of ``window`` have a final verdict and how many a provisional one,
+    when the store says (None otherwise)."""
+    counts = _quiet("window_counts", window)
+    if counts is None or counts.height != 1:
+        return None
+    row = counts.row(0, named=True)
+    if row["final"] is None or not row["requests"]:
+        return None
+    return (f"In the window: {row['final']:,} final, {row['provisional']:,} provisional. "
+            "A provisional verdict may still change as late spans arrive; a final one no "
+            "longer does.")
+
+
+def stop_if_window_empty(window: queries.TimeWindow) -> None:
+    """When the store has requests but ``window`` none: say so on the page and stop it (an
+    empty store is left to the page's own explanation)."""
+    span = store_span()
+    if not span.requests or window.is_all:
+        return
+    counts = _quiet("window_counts", window)
+    if counts is None or counts.height != 1 or counts["requests"][0]:
+        return
+    st.info(f"No requests {describe_window(window)}; the store covers "
+            f"{fmt_time(span.first_at)} to {fmt_time(span.last_at)} UTC. Pick a wider window "
+            "in the sidebar.")
+    st.stop()
 
 
 def freshness_note() -> str | None:

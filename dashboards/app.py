@@ -1,4 +1,5 @@
-"""routeaudit dashboard entrypoint: token gate, shared sidebar (SLO targets), navigation.
+"""routeaudit dashboard entrypoint: token gate, shared sidebar (time window, SLO targets),
+navigation.
 
 ``routeaudit dashboard --db PATH`` sets ``ROUTEAUDIT_DB`` and runs ``streamlit run`` on this
 file. Pages live in ``app_pages/``.
@@ -44,6 +45,7 @@ with st.sidebar:
     st.caption(f"Store: `{_ui.store_path()}`")
     if (behind := _ui.freshness_note()) is not None:
         st.warning(behind)
+    _ui.window_sidebar(applies=page.url_path != "sql")
     st.subheader("SLO targets")
     default = audit.SLO()
     st.number_input("TTFT target (ms)", min_value=1.0, value=default.ttft_ms, step=100.0,

@@ -9,10 +9,12 @@ import streamlit as st
 from dashboards import _ui
 
 st.title("Cache")
+window = _ui.time_window()
 st.caption("Predicted cached tokens (router, at decision time) vs actual cached tokens "
-           "(replica) for each request with both.")
+           f"(replica) for each request with both, started {_ui.describe_window(window)}.")
+_ui.stop_if_window_empty(window)
 
-summary = _ui.query_or_stop("cache_by_replica")
+summary = _ui.query_or_stop("cache_by_replica", window=window)
 if summary.height == 0:
     st.info("No requests with both predicted and actual cached tokens yet: does the router "
             "record `predicted_cached_tokens`, and does the replica report cached tokens?")
@@ -28,7 +30,7 @@ else:
     left, right = st.columns(2)
     with left:
         st.subheader("Predicted vs actual")
-        scatter = _ui.query("cache_scatter")
+        scatter = _ui.query("cache_scatter", window=window)
         if not _ui.empty(scatter):
             pts = alt.Chart(scatter.to_pandas()).mark_circle(opacity=0.5).encode(
                 x=alt.X("predicted:Q", title="predicted cached tokens (tokens)"),
@@ -46,7 +48,7 @@ else:
             _ui.chart((pts + diag).properties(height=340))
     with right:
         st.subheader("Hit / miss confusion")
-        confusion = _ui.query("cache_confusion")
+        confusion = _ui.query("cache_confusion", window=window)
         if not _ui.empty(confusion):
             totals = confusion.group_by("predicted", "actual").agg(
                 requests=pl.col("requests").sum())
@@ -65,7 +67,8 @@ else:
 st.subheader("Predicted-but-missing cached tokens over time")
 st.caption("Tokens a router expected to be cached that the replica did not find: evictions "
            "(or a wrong prefix index).")
-misses = None if summary.height == 0 else _ui.query("cache_misses_over_time", _ui.BUCKETS)
+misses = None if summary.height == 0 else _ui.query("cache_misses_over_time", _ui.BUCKETS,
+                                                             window=window)
 if misses is None or _ui.empty(misses):
     st.info("Nothing to show yet.")
 else:
@@ -77,7 +80,7 @@ else:
     ).properties(height=260))
 
 st.subheader("Engine prefix-cache hit rate")
-hit = _ui.query("cache_hit_rate_over_time", _ui.BUCKETS)
+hit = _ui.query("cache_hit_rate_over_time", _ui.BUCKETS, window=window)
 if _ui.empty(hit):
     st.info("No replica scrapes yet: is `routeaudit collect` scraping the replicas' /metrics?")
 else:

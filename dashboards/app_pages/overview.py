@@ -9,10 +9,12 @@ from dashboards import _ui
 
 st.title("Overview")
 slo = _ui.slo()
-st.caption(f"SLO: TTFT ≤ {slo.ttft_ms:,.0f} ms and TPOT ≤ {slo.tpot_ms:,.0f} ms; "
-           "failures are counted apart from slow requests.")
+window = _ui.time_window()
+st.caption(f"Requests started {_ui.describe_window(window)}. SLO: TTFT ≤ {slo.ttft_ms:,.0f} ms "
+           f"and TPOT ≤ {slo.tpot_ms:,.0f} ms; failures are counted apart from slow requests.")
+_ui.stop_if_window_empty(window)
 
-totals = _ui.query("overview_totals", slo)
+totals = _ui.query("overview_totals", slo, window=window)
 if _ui.empty(totals) or totals["requests"][0] == 0:
     st.info(_ui.NO_REQUESTS)
     st.stop()
@@ -34,7 +36,7 @@ for i, (label, key) in enumerate([("TTFT p50", "ttft_p50"), ("TTFT p90", "ttft_p
                                   ("TPOT p90", "tpot_p90"), ("TPOT p99", "tpot_p99")]):
     cols[i].metric(label, _ui.fmt_ms(t[key]))
 
-over_time = _ui.query("requests_over_time", slo, _ui.BUCKETS)
+over_time = _ui.query("requests_over_time", slo, _ui.BUCKETS, window=window)
 if not _ui.empty(over_time):
     bucket_s = int(over_time["bucket_s"][0])
     st.subheader(f"Over time ({bucket_s} s buckets)")
@@ -62,7 +64,7 @@ if not _ui.empty(over_time):
     ).properties(title="TTFT over time", height=240))
 
 st.subheader("Per-replica load: true vs what routers saw")
-load = _ui.query("replica_load_over_time", _ui.BUCKETS)
+load = _ui.query("replica_load_over_time", _ui.BUCKETS, window=window)
 if _ui.empty(load):
     st.info("No replica executions or decision records yet: are the replicas and the router "
             "instrumented?")
@@ -76,7 +78,7 @@ else:
     ).properties(height=300))
 
 st.subheader("Failures by kind")
-failures = _ui.query("failures_by_kind")
+failures = _ui.query("failures_by_kind", window=window)
 if _ui.empty(failures):
     st.success("No failed requests.")
 else:

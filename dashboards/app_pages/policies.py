@@ -10,12 +10,17 @@ from dashboards import _ui
 
 st.title("Policies")
 slo = _ui.slo()
-st.caption("Two runs replaying the same trace under different policies. Latency percentiles "
-           "cover successful requests; failures are shown separately.")
+window = _ui.time_window()
+st.caption("Two runs replaying the same trace under different policies, over their requests "
+           f"started {_ui.describe_window(window)}. Latency percentiles cover successful "
+           "requests; failures are shown separately.")
+_ui.stop_if_window_empty(window)
 
-runs = _ui.query_or_stop("run_list")
+runs = _ui.query_or_stop("run_list", window=window)
 if runs.height == 0:
-    st.info("No runs in this store: requests carry no `run_id` (set it with the testbed or the "
+    where = ("in this store" if window.is_all
+             else f"among the requests started {_ui.describe_window(window)}")
+    st.info(f"No runs {where}: requests carry no `run_id` (set it with the testbed or the "
             "load generator).")
     st.stop()
 labels = {f"{r['run_id']} ({r['policies']}, {r['requests']:,} req)": r["run_id"]
@@ -26,7 +31,7 @@ a = cols[0].selectbox("Run A", names, index=0, key="policy_run_a")
 b = cols[1].selectbox("Run B", names, index=min(1, len(names) - 1), key="policy_run_b")
 chosen = list(dict.fromkeys([labels[a], labels[b]]))
 
-cmp = _ui.query("run_summaries", chosen, slo)
+cmp = _ui.query("run_summaries", chosen, slo, window=window)
 if _ui.empty(cmp):
     st.stop()
 if cmp.height == 2 and cmp["requests"][0] != cmp["requests"][1]:
@@ -61,7 +66,7 @@ _ui.chart(alt.Chart(long.to_pandas()).mark_bar().encode(
 st.dataframe(cmp, hide_index=True)
 
 st.subheader("Failures")
-failures = _ui.query("run_failures", chosen)
+failures = _ui.query("run_failures", chosen, window=window)
 if _ui.empty(failures):
     st.success("No failed requests in these runs.")
 else:

@@ -19,7 +19,17 @@ if st.query_params.get("request_id") != request_id:
     st.query_params["request_id"] = request_id
 
 wanted = st.query_params.get("request_key") or st.session_state.get("request_key")
-matches = _ui.query_or_stop("request_matches", request_id, prefer=wanted)
+window = _ui.time_window()
+matches = _ui.query_or_stop("request_matches", request_id, prefer=wanted, window=window)
+outside = ("none" if matches.height == 0
+           else "linked" if wanted and wanted not in matches["request_key"].to_list() else None)
+if outside is not None and not window.is_all:
+    # a pasted id or a link names a request: it opens wherever it is in the store
+    matches = _ui.query_or_stop("request_matches", request_id, prefer=wanted)
+    if matches.height:
+        st.caption((f"No request `{request_id}` started" if outside == "none"
+                    else "The linked request did not start")
+                   + f" {_ui.describe_window(window)}: listed from the whole store.")
 if matches.height == 0:
     st.warning(f"No request `{request_id}` in `requests`.")
     st.stop()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import altair as alt
 import streamlit as st
 
@@ -13,10 +11,13 @@ ALL = "(all)"
 
 st.title("Slow requests")
 slo = _ui.slo()
-st.caption(f"Requests that succeeded but missed TTFT ≤ {slo.ttft_ms:,.0f} ms or "
-           f"TPOT ≤ {slo.tpot_ms:,.0f} ms. Pick a row to open its drill-down.")
+window = _ui.time_window()
+st.caption(f"Requests started {_ui.describe_window(window)} that succeeded but missed "
+           f"TTFT ≤ {slo.ttft_ms:,.0f} ms or TPOT ≤ {slo.tpot_ms:,.0f} ms. Pick a row to open "
+           "its drill-down.")
+_ui.stop_if_window_empty(window)
 
-opts = _ui.query_or_stop("filter_options")
+opts = _ui.query_or_stop("filter_options", window=window)
 if opts["first_at"] is None:
     st.info(_ui.NO_REQUESTS)
     st.stop()
@@ -33,7 +34,7 @@ def pick(col: st.delta_generator.DeltaGenerator, label: str, choices: list[str])
 
 # Every cause seen under these SLO targets (the unfiltered page, also shown when no filter is
 # set; one query computes the table and the breakdown together).
-unfiltered = _ui.query("slow_page", slo)
+unfiltered = _ui.query("slow_page", slo, window=window)
 causes = [] if unfiltered is None else unfiltered.causes["cause"].to_list()
 
 cols = st.columns(5)
@@ -43,22 +44,9 @@ policy = pick(cols[2], "Policy", opts["policies"])
 run = pick(cols[3], "Run", opts["runs"])
 cause = pick(cols[4], "Cause", causes)
 
-start: datetime | None = None
-end: datetime | None = None
-first, last = opts["first_at"], opts["last_at"]
-if (last - first) >= timedelta(seconds=2):
-    window = st.slider("Time window (UTC)", min_value=first.astimezone(UTC),
-                       max_value=last.astimezone(UTC),
-                       value=(first.astimezone(UTC), last.astimezone(UTC)),
-                       step=timedelta(seconds=1), format="YYYY-MM-DD HH:mm:ss",
-                       key="slow_window")
-    if window != (first, last):
-        start, end = window
-
-filters = dict(start=start, end=end, replica=replica, router=router, policy=policy, run=run,
-               cause=cause)
+filters = dict(replica=replica, router=router, policy=policy, run=run, cause=cause)
 page = (unfiltered if not any(v is not None for v in filters.values())
-        else _ui.query("slow_page", slo, **filters))
+        else _ui.query("slow_page", slo, window=window, **filters))
 if page is None:
     st.stop()
 table, breakdown = page.requests, page.causes

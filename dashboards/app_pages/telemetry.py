@@ -8,9 +8,12 @@ import streamlit as st
 from dashboards import _ui
 
 st.title("Telemetry")
-st.caption("Telemetry age: how old each candidate's load data was at the decision instant.")
+window = _ui.time_window()
+st.caption("Telemetry age: how old each candidate's load data was at the decision instant, "
+           f"for decisions taken {_ui.describe_window(window)}.")
+_ui.stop_if_window_empty(window)
 
-by_router = _ui.query_or_stop("telemetry_age_by_router")
+by_router = _ui.query_or_stop("telemetry_age_by_router", window=window)
 if by_router.height == 0:
     st.info(_ui.NO_DECISIONS + " (or its candidates carry no telemetry age)")
 else:
@@ -19,7 +22,7 @@ else:
         cols[i].metric(f"{row['router_id']} age p99", _ui.fmt_ms(row["age_p99"]),
                        help=f"p50 {_ui.fmt_ms(row['age_p50'])}, {row['candidates']:,} candidates")
     st.dataframe(by_router, hide_index=True)
-    over_time = _ui.query("telemetry_age_over_time", _ui.BUCKETS)
+    over_time = _ui.query("telemetry_age_over_time", _ui.BUCKETS, window=window)
     if not _ui.empty(over_time):
         long = over_time.unpivot(index=["bucket", "router_id"], variable_name="percentile",
                                  value_name="age_ms")
@@ -37,7 +40,7 @@ if by_router.height == 0:
 elif not _ui.has("herding_episodes"):
     st.info("The `herding_episodes` relation is not in this store yet (attribution layer).")
 else:
-    episodes = _ui.query("herding_episodes", _ui.TABLE_ROWS)
+    episodes = _ui.query("herding_episodes", _ui.TABLE_ROWS, window=window)
     if _ui.empty(episodes):
         st.success("No herding episodes detected.")
     else:
