@@ -34,7 +34,8 @@ MART_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("decode_ms", "double"), ("replica_ttft_ms", "double"), ("has_client", "boolean"),
         ("has_router", "boolean"), ("has_replica", "boolean"),
         ("router_side_missing", "boolean"), ("link_method", "varchar"),
-        ("clock_suspect", "boolean"),
+        ("clock_suspect", "boolean"), ("anchor_ns", "bigint"), ("part", "bigint"),
+        ("verdict_final", "boolean"),
     ],
     "decisions": [
         ("request_key", "varchar"), ("request_id", "varchar"), ("attempt", "bigint"), ("trace_id", "varchar"),
@@ -70,8 +71,16 @@ MART_COLUMNS: dict[str, list[tuple[str, str]]] = {
 }
 
 
+PARTITION_NS = 300 * 10**9
+"""stg_partitioning's default width: every scenario lies within a few partitions of T0."""
+
+
 def at(ms: float) -> datetime:
     return T0 + timedelta(milliseconds=ms)
+
+
+def ns(ms: float) -> int:
+    return (at(ms) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
 
 
 class Fleet:
@@ -122,6 +131,7 @@ class Fleet:
             "predicted_cached_tokens": predicted, "actual_cached_tokens": actual,
             "has_client": True, "has_router": True, "has_replica": has_replica,
             "router_side_missing": False, "clock_suspect": False, "attempts": 1,
+            "anchor_ns": ns(start), "part": ns(start) // PARTITION_NS, "verdict_final": False,
         })
 
     def decision(self, request_id: str, *, at_ms: float, chosen: str,
@@ -176,6 +186,7 @@ class Fleet:
         con = duckdb.connect()
         for raw in ("raw_spans", "raw_span_events", "raw_snapshots"):
             con.execute((ROOT / "audit" / "sql" / "raw" / f"{raw}.sql").read_text())
+        con.execute("create table routeaudit_meta (key varchar primary key, value varchar)")
         for name, cols in MART_COLUMNS.items():
             con.execute(f"create table {name} ({', '.join(f'{c} {t}' for c, t in cols)})")
             rows = self.rows[name]
@@ -198,9 +209,11 @@ class Fleet:
 
 
 def install_attribution(con: duckdb.DuckDBPyConnection) -> None:
-    """The attribution's relations: its ``int_attr_*`` steps and the marts built on the marts."""
+    """The attribution's relations: its ``int_attr_*`` steps and the marts built on the marts,
+    with the partitioning settings they window by."""
     for rel in _relations.load_relations():
-        if rel.name.startswith("int_attr_") or (rel.layer == "marts" and rel.name not in MART_COLUMNS):
+        attribution = rel.name.startswith("int_attr_") or (rel.layer == "marts" and rel.name not in MART_COLUMNS)
+        if attribution or rel.name == "stg_partitioning":
             con.execute(f"create or replace view {rel.name} as\n{rel.sql.strip().rstrip(';')}")
 
 
@@ -558,6 +571,7 @@ def test_attribution_layer_installs_on_the_real_marts() -> None:
     con = duckdb.connect()
     for raw in ("raw_spans", "raw_span_events", "raw_snapshots"):
         con.execute((ROOT / "audit" / "sql" / "raw" / f"{raw}.sql").read_text())
+    con.execute("create table routeaudit_meta (key varchar primary key, value varchar)")
     _relations.install(con)
     names = {r[0] for r in con.sql("select view_name from duckdb_views()").fetchall()}
     assert {"attributions", "slow_requests", "slo_summary", "calibration",

@@ -2,15 +2,18 @@
 -- row for a request with no decision or no candidate): the candidate's TRUE state at the decision
 -- instant (int_attr_candidates_state, a materialised table) with what depends on the attribution
 -- thresholds but not on the SLO: the calibration choice, the estimated wait, prefill and TTFT
--- there, KV pressure within lookback and herding membership. int_attr_candidates_assessed joins
--- it to the SLO judgement; int_attr_requests_placed sums it up per request. docs/attribution.md
--- has the formulas.
+-- there, KV pressure within lookback and herding membership. A candidate is calibrated with the
+-- fits of its request's partition and run (int_attr_replica_fits: learnt from that partition's
+-- window), and compared with the fleet medians of the same (partition, run).
+-- int_attr_candidates_assessed joins it to the SLO judgement; int_attr_requests_placed sums it
+-- up per request. docs/attribution.md has the formulas.
 with
 
 all_requests as (
     select
         request_key,
         run_id,
+        part,
         input_tokens
     from requests
 ),
@@ -62,6 +65,7 @@ calibration_chosen_fit as (
 
 calibration_replicas as (
     select
+        part,
         run_id,
         replica,
         calibrated_from,
@@ -82,7 +86,9 @@ calibration_replicas as (
 ),
 
 calibration_fleet as (
+    -- the medians over the replicas calibrated in the same (partition, run) window
     select
+        c.part,
         c.run_id,
         median(c.prefill_ms_per_token) as fleet_prefill_ms_per_token,
         median(c.prefill_intercept_ms) as fleet_prefill_intercept_ms,
@@ -110,10 +116,17 @@ calibration_fleet as (
     from calibration_replicas as c
     cross join thresholds as t
     left join (
-        select distinct run_id, idle_n, idle_slope, idle_intercept, idle_attn_ms_per_token2
+        select distinct
+            part,
+            run_id,
+            idle_n,
+            idle_slope,
+            idle_intercept,
+            idle_attn_ms_per_token2
         from fits
     ) as i
-        on c.run_id is not distinct from i.run_id
+        on c.part = i.part
+        and c.run_id is not distinct from i.run_id
     group by all
 ),
 
@@ -186,10 +199,12 @@ estimated as (
         and s.attempt is not distinct from k.attempt
         and s.decision_span_id is not distinct from k.decision_span_id
     left join calibration_replicas as c
-        on j.run_id is not distinct from c.run_id
+        on j.part = c.part
+        and j.run_id is not distinct from c.run_id
         and s.replica = c.replica
     left join calibration_fleet as f
-        on j.run_id is not distinct from f.run_id
+        on j.part = f.part
+        and j.run_id is not distinct from f.run_id
         and s.replica is not null
 ),
 

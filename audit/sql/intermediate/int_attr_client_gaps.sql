@@ -1,11 +1,25 @@
--- int_attr_client_gaps: one row per run: the client-minus-replica TTFT gap a request of the run
--- normally has (median over its successful requests seen by both the client and the replica).
--- It depends on no session variable, so it is a table, and a live computation scoped to some
--- requests (routeaudit_scope_request) still compares them with their whole run.
+-- int_attr_client_gaps: one row per (partition, run): the client-minus-replica TTFT gap a
+-- request of the run normally has (median over its successful requests seen by both the client
+-- and the replica), for partition p over the run's requests in partitions
+-- p - window_partitions .. p (stg_partitioning), so a later partition never moves it. Rows exist
+-- for the partitions holding requests of the run. It depends on no session variable, so it is
+-- a table, and a live computation scoped to some requests (routeaudit_scope_request) still
+-- compares them with their run's window.
 with
 
 all_requests as (
     select * from requests
+),
+
+partitioning as (
+    select * from stg_partitioning
+),
+
+run_partitions as (
+    select distinct
+        run_id,
+        part
+    from all_requests
 ),
 
 measured as (
@@ -13,6 +27,7 @@ measured as (
     select distinct
         request_key,
         run_id,
+        part,
         coalesce(ttft_ms, e2e_ms) as ttft_ms,
         replica_ttft_ms
     from all_requests
@@ -22,11 +37,26 @@ measured as (
         and coalesce(status, 'ok') = 'ok'
 ),
 
+windowed as (
+    -- each request counts in the windows of its own partition and the next window_partitions
+    select
+        w.part,
+        w.run_id,
+        m.ttft_ms - m.replica_ttft_ms as gap_ms
+    from measured as m
+    cross join partitioning as p
+    inner join run_partitions as w
+        on m.run_id is not distinct from w.run_id
+        and w.part >= m.part
+        and w.part <= m.part + p.window_partitions
+),
+
 final as (
     select
+        part,
         run_id,
-        median(ttft_ms - replica_ttft_ms) as run_gap_p50_ms
-    from measured
+        median(gap_ms) as run_gap_p50_ms
+    from windowed
     group by all
 )
 

@@ -1,7 +1,8 @@
 -- int_attr_executions_timed: one row per execution (executions mart) with its phase boundaries
 -- on the reference clock: arrival (start_at), prefill start (start_at + queue), first token
 -- (start_at + TTFT) and end. Durations are the engine's own; only start_at/end_at are
--- cross-host corrected. Also the uncached prompt tokens and the request's run. Requests are
+-- cross-host corrected. Also the uncached prompt tokens, the request's run and its time
+-- partition (what the windowed fits of int_attr_replica_fits group by). Requests are
 -- keyed by request_key throughout the attribution layer: request ids repeat (across runs, or a
 -- client reusing them) and must not merge two requests.
 with
@@ -13,7 +14,8 @@ all_executions as (
 request_runs as (
     select
         request_key,
-        any_value(run_id) as run_id
+        any_value(run_id) as run_id,
+        any_value(part) as part
     from requests
     group by request_key
 ),
@@ -54,7 +56,8 @@ timed as (
 final as (
     select
         t.*,
-        r.run_id
+        r.run_id,
+        r.part
     from timed as t
     left join request_runs as r
         on t.request_key = r.request_key

@@ -1,9 +1,13 @@
--- int_attr_replica_fits: one row per (run, replica) with executions: the raw prefill fit
--- (least squares of prefill_ms on uncached tokens, and the ratio) and decode ms/token, plus the
--- run's pooled values, and the run's idle fit (executions whose prefill started on a replica
--- with nothing queued or prefilling and shared no step with another prefill, each scaled to the fleet's median speed): what a prompt
--- costs on a nominal idle replica, the long_prompt reference. Independent of the thresholds:
--- int_attr_candidates_assessed chooses between them with calibration_min_n.
+-- int_attr_replica_fits: one row per (partition, run, replica) with executions in the
+-- partition's window: the raw prefill fit (least squares of prefill_ms on uncached tokens, and
+-- the ratio) and decode ms/token, plus the run's pooled values, and the run's idle fit
+-- (executions whose prefill started on a replica with nothing queued or prefilling and shared no
+-- step with another prefill, each scaled to the fleet's median speed): what a prompt costs on a
+-- nominal idle replica, the long_prompt reference. The summary of partition p learns from the
+-- executions of the run's requests in partitions p - window_partitions .. p (stg_partitioning):
+-- a later partition never moves it, and a replica whose speed drifts is followed partition by
+-- partition. Rows exist for the partitions holding requests of the run. Independent of the
+-- thresholds: int_attr_candidates_estimated chooses between them with calibration_min_n.
 -- docs/attribution.md, "Calibration".
 with
 
@@ -15,24 +19,49 @@ idle_solo as (
     select span_id from int_attr_idle_prefills
 ),
 
-calibration_points as (
-    select
+all_requests as (
+    select * from requests
+),
+
+partitioning as (
+    select * from stg_partitioning
+),
+
+run_partitions as (
+    -- the partitions a summary is wanted for: those holding requests of the run
+    select distinct
         run_id,
-        replica,
-        span_id,
-        prefill_ms,
-        uncached_tokens,
-        coalesce(cached_tokens, 0) as cached_tokens,
+        part
+    from all_requests
+),
+
+calibration_points as (
+    -- each execution counts in the windows of its own partition and the next
+    -- window_partitions ones (part is the partition whose summary it counts in)
+    select
+        w.part,
+        t.run_id,
+        t.replica,
+        t.span_id,
+        t.prefill_ms,
+        t.uncached_tokens,
+        coalesce(t.cached_tokens, 0) as cached_tokens,
         case
-            when output_tokens >= 2 and decode_ms is not null
-                then decode_ms / (output_tokens - 1)
+            when t.output_tokens >= 2 and t.decode_ms is not null
+                then t.decode_ms / (t.output_tokens - 1)
         end as decode_ms_per_token
-    from timed
-    where replica is not null
+    from timed as t
+    cross join partitioning as p
+    inner join run_partitions as w
+        on t.run_id is not distinct from w.run_id
+        and w.part >= t.part
+        and w.part <= t.part + p.window_partitions
+    where t.replica is not null
 ),
 
 calibration_per_replica as (
     select
+        part,
         run_id,
         replica,
         count(prefill_ms) filter (where uncached_tokens > 0) as prefill_n,
@@ -62,6 +91,7 @@ calibration_per_replica as (
 
 calibration_pooled as (
     select
+        part,
         run_id,
         -- a fit needs spread in prompt length (else regr_* give NaN)
         case
@@ -88,16 +118,19 @@ calibration_pooled as (
 ),
 
 speed_scale as (
-    -- a replica's prefill ms/token relative to the run's median replica
+    -- a replica's prefill ms/token relative to the run's median replica, in the same window
     select
+        part,
         run_id,
         replica,
-        median(fit_ratio) over (partition by run_id) / nullif(fit_ratio, 0) as scale
+        median(fit_ratio) over (partition by part, run_id)
+        / nullif(fit_ratio, 0) as scale
     from calibration_per_replica
 ),
 
 idle_points as (
     select
+        p.part,
         p.run_id,
         p.prefill_ms * coalesce(k.scale, 1.0) as prefill_ms,
         p.uncached_tokens as x1,
@@ -107,13 +140,15 @@ idle_points as (
     inner join idle_solo as i
         on p.span_id = i.span_id
     left join speed_scale as k
-        on p.run_id is not distinct from k.run_id
+        on p.part = k.part
+        and p.run_id is not distinct from k.run_id
         and p.replica = k.replica
     where p.uncached_tokens > 0 and p.prefill_ms is not null
 ),
 
 idle_moments as (
     select
+        part,
         run_id,
         count(*) as idle_n,
         avg(prefill_ms) as my,
@@ -132,6 +167,7 @@ calibration_idle as (
     -- least squares prefill_ms = intercept + slope * uncached + attn * uncached * (cached +
     -- uncached / 2) (two regressors, closed form); a linear fit when they are collinear
     select
+        part,
         run_id,
         idle_n,
         case
@@ -153,7 +189,7 @@ calibration_idle as (
 final as (
     select
         p.*,
-        q.* exclude (run_id),
+        q.* exclude (part, run_id),
         i.idle_n,
         i.idle_slope,
         i.idle_attn_ms_per_token2,
@@ -161,9 +197,11 @@ final as (
             as idle_intercept
     from calibration_per_replica as p
     left join calibration_pooled as q
-        on p.run_id is not distinct from q.run_id
+        on p.part = q.part
+        and p.run_id is not distinct from q.run_id
     left join calibration_idle as i
-        on p.run_id is not distinct from i.run_id
+        on p.part = i.part
+        and p.run_id is not distinct from i.run_id
 )
 
 select * from final

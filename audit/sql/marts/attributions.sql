@@ -22,8 +22,9 @@ thresholds as (
 ),
 
 client_gaps as (
-    -- the client-minus-replica TTFT gap a request of the run normally has (a table: it
-    -- depends on no setting, and a scoped computation still needs the whole run)
+    -- the client-minus-replica TTFT gap a request of the run normally has, over the window of
+    -- the request's partition (a table: it depends on no setting, and a scoped computation
+    -- still needs the window's other requests)
     select * from int_attr_client_gaps
 ),
 
@@ -54,6 +55,8 @@ request_level as (
         j.router_id,
         j.policy,
         j.client_start,
+        j.part,
+        j.verdict_final,
         p.* exclude (request_key)
     from requests_judged as j
     inner join placed as p
@@ -71,7 +74,8 @@ subjects as (
         coalesce(r.exec_cached_tokens, r.request_actual_cached_tokens) as actual_cached
     from request_level as r
     left join client_gaps as g
-        on r.run_id is not distinct from g.run_id
+        on r.part = g.part
+        and r.run_id is not distinct from g.run_id
 ),
 
 eviction_sized as (
@@ -540,7 +544,9 @@ final as (
         s.policy,
         s.client_start,
         -- the request's unique key (request ids repeat across runs): see requests
-        s.request_key
+        s.request_key,
+        s.part,
+        s.verdict_final
     from all_causes as c
     inner join subjects as s
         on c.request_key = s.request_key
