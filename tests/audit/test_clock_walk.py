@@ -25,21 +25,26 @@ Pair = tuple[str, str, int, int, int]
 
 def _offsets(pairs: list[Pair], reference: str = "d0", others: tuple[str, ...] = ()
              ) -> dict[str, dict[str, Any]]:
-    """int_clock_offsets over these pairs; ``reference`` holds the only client span."""
-    sql = next(r.sql for r in load_relations() if r.name == "int_clock_offsets")
+    """int_clock_offsets over these pairs, all in partition 0; ``reference`` holds the only
+    client span."""
+    sqls = {r.name: r.sql.strip().rstrip(";") for r in load_relations()}
     con = duckdb.connect()
-    con.execute("create table stg_spans (clock_domain varchar, span_role varchar)")
+    con.execute("create table routeaudit_meta (key varchar primary key, value varchar)")
+    con.execute(f"create view stg_partitioning as {sqls['stg_partitioning']}")
+    con.execute("create table stg_spans (clock_domain varchar, span_role varchar, start_ns bigint)")
     domains = {reference, *others} | {d for a, b, *_ in pairs for d in (a, b)}
-    con.executemany("insert into stg_spans values (?, ?)",
+    con.executemany("insert into stg_spans values (?, ?, 0)",
                     [(d, "client" if d == reference else "replica") for d in sorted(domains)])
-    con.execute("create table int_clock_bounds_per_domain_pair (domain_a varchar, domain_b varchar, "
-                "pair_count bigint, lower_ns bigint, upper_ns bigint, is_consistent boolean, "
-                "offset_a_minus_b_ns bigint)")
-    con.executemany("insert into int_clock_bounds_per_domain_pair values (?, ?, ?, ?, ?, ?, ?)",
-                    [(a, b, n, lo, hi, lo <= hi, (lo + hi) // 2) for a, b, n, lo, hi in pairs])
-    rel = con.sql(sql.strip().rstrip(";"))
+    con.execute("create table int_clock_bounds_per_domain_pair (part bigint, domain_a varchar, "
+                "domain_b varchar, pair_count bigint, lower_ns bigint, upper_ns bigint, "
+                "is_consistent boolean, offset_a_minus_b_ns bigint, median_midpoint_ns bigint)")
+    con.executemany("insert into int_clock_bounds_per_domain_pair values (0, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(a, b, n, lo, hi, lo <= hi, (lo + hi) // 2, (lo + hi) // 2)
+                     for a, b, n, lo, hi in pairs])
+    rel = con.sql(sqls["int_clock_offsets"])
     rows = [dict(zip(rel.columns, r, strict=True)) for r in rel.fetchall()]
     con.close()
+    assert {r["part"] for r in rows} == {0}
     return {r["clock_domain"]: r for r in rows}
 
 

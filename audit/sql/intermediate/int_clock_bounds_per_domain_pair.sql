@@ -1,14 +1,19 @@
--- int_clock_bounds_per_domain_pair: one row per pair of clock domains that have at least one
--- span paired with an ancestor in the other domain (grain: domain_a, domain_b, a < b).
+-- int_clock_bounds_per_domain_pair: one row per time partition and pair of clock domains that
+-- have at least one span paired with an ancestor in the other domain (grain: part, domain_a,
+-- domain_b, a < b). A pair belongs to the partition of the child span's start on its own clock
+-- (part = start_ns // stg_partitioning.partition_ns): offsets are ms to s, far below a
+-- partition, and the raw clock needs no correction first.
 --
 -- A span lies, on true time, within its nearest ancestor in another clock domain. With
 -- d = offset(child domain) - offset(parent domain), observed child_start - d >= parent_start
 -- and child_end - d <= parent_end, so d is in [child_end - parent_end, child_start -
--- parent_start]. Every pair is
--- turned to d_ab = offset(domain_a) - offset(domain_b) and the intervals are intersected.
--- An empty intersection means the clocks are not consistent with one fixed offset (a clock
--- jump, drift, or a child that outlived its parent); its estimate is then the median of the
--- per-pair midpoints. See docs/clock.md.
+-- parent_start]. Every pair is turned to d_ab = offset(domain_a) - offset(domain_b) and the
+-- intervals of one partition are intersected. The bounds are mergeable: lower_ns is a max and
+-- upper_ns a min, so the bounds of several partitions (int_clock_offsets reads a window of
+-- them), or of one partition computed twice, combine by max and min again. An empty
+-- intersection means the clocks are not consistent with one fixed offset (a clock jump, drift,
+-- or a child that outlived its parent); its estimate is then the median of the per-pair
+-- midpoints (median_midpoint_ns). See docs/clock.md.
 --
 -- A span that ended abnormally (cancelled, aborted, timed out or errored) gives no END bound:
 -- a cancelled client span ends while the router's forward span (and the replica) carry on, so
@@ -16,10 +21,17 @@
 -- or the ancestor of the pair.
 with recursive
 
+stg_partitioning_source as not materialized (
+
+    select * from stg_partitioning
+
+),
+
 stg_spans_source as materialized (
 
     select
-        *,
+        spans.*,
+        spans.start_ns // partitioning.partition_ns as part,
         coalesce(
             otel_status = 'error'
             or lower(declared_status) in (
@@ -30,7 +42,8 @@ stg_spans_source as materialized (
             or http_status >= 500,
             false
         ) as ended_abnormally
-    from stg_spans
+    from stg_spans as spans
+    cross join stg_partitioning_source as partitioning
 
 ),
 
@@ -43,6 +56,7 @@ walk_up_to_other_domain as materialized (
     select
         spans.trace_id,
         spans.span_id,
+        spans.part as origin_part,
         spans.clock_domain as origin_domain,
         spans.start_ns as origin_start_ns,
         spans.end_ns as origin_end_ns,
@@ -61,6 +75,7 @@ walk_up_to_other_domain as materialized (
     select
         walk.trace_id,
         walk.span_id,
+        walk.origin_part,
         walk.origin_domain,
         walk.origin_start_ns,
         walk.origin_end_ns,
@@ -86,6 +101,7 @@ walk_up_to_other_domain as materialized (
 cross_domain_pairs as materialized (
 
     select
+        origin_part as part,
         origin_domain as child_domain,
         ancestor_domain as parent_domain,
         -- no end bound when either span ended abnormally (null: ignored by max/min below)
@@ -102,6 +118,7 @@ cross_domain_pairs as materialized (
 pairs_oriented as materialized (
 
     select
+        part,
         least(child_domain, parent_domain) as domain_a,
         greatest(child_domain, parent_domain) as domain_b,
         case
@@ -117,6 +134,7 @@ pairs_oriented as materialized (
 bounds_intersected as materialized (
 
     select
+        part,
         domain_a,
         domain_b,
         count(*) as pair_count,
@@ -125,13 +143,14 @@ bounds_intersected as materialized (
         -- over pairs with both bounds (a pair with an abnormal end has one only)
         median((lower_ns + upper_ns) / 2.0) as median_midpoint_ns
     from pairs_oriented
-    group by domain_a, domain_b
+    group by part, domain_a, domain_b
 
 ),
 
 final as (
 
     select
+        part,
         domain_a,
         domain_b,
         pair_count,
@@ -147,7 +166,8 @@ final as (
                 when lower_ns <= upper_ns then (lower_ns + upper_ns) / 2.0
                 else median_midpoint_ns
             end as bigint
-        ) as offset_a_minus_b_ns
+        ) as offset_a_minus_b_ns,
+        cast(median_midpoint_ns as bigint) as median_midpoint_ns
     from bounds_intersected
 
 )

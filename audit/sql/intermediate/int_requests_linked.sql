@@ -9,12 +9,12 @@
 --    a request id, then same trace, then better rank, then nearest start time, then ids.
 -- 3. Request ids repeat (runs replayed, clients reusing ids), so the request-id fallback links
 --    only groups that can be one request: same run or no run, overlapping in time on the
---    corrected clocks (int_clock_offsets; 1 s tolerance for offsets that are estimates or
---    unknown), and compatible sides: a group with router spans joins no group whose router
---    spans are another router's, and of several router groups of different routers that would
---    join one group by request id alone, only the nearest router's do. A client group is never
---    merged (rank 1 is the best), so no request gets two client spans. Otherwise the groups
---    stay separate requests.
+--    corrected clocks (int_clock_offsets of each span's domain and partition; 1 s tolerance
+--    for offsets that are estimates or unknown), and compatible sides: a group with router
+--    spans joins no group whose router spans are another router's, and of several router
+--    groups of different routers that would join one group by request id alone, only the
+--    nearest router's do. A client group is never merged (rank 1 is the best), so no request
+--    gets two client spans. Otherwise the groups stay separate requests.
 -- 4. Merges are followed twice (replica -> router -> client).
 with
 
@@ -33,6 +33,12 @@ int_spans_anchored_by_trace_source as not materialized (
 int_clock_offsets_source as not materialized (
 
     select * from int_clock_offsets
+
+),
+
+stg_partitioning_source as not materialized (
+
+    select * from stg_partitioning
 
 ),
 
@@ -57,8 +63,10 @@ anchored_side_spans as materialized (
     inner join stg_spans_source as spans
         on spans.trace_id = anchored.trace_id
         and spans.span_id = anchored.span_id
+    cross join stg_partitioning_source as partitioning
     left join int_clock_offsets_source as offsets
-        on offsets.clock_domain = spans.clock_domain
+        on offsets.part = spans.start_ns // partitioning.partition_ns
+        and offsets.clock_domain = spans.clock_domain
 
 ),
 

@@ -1,6 +1,7 @@
 -- int_spans_clock_corrected: one row per side span (grain: trace_id, span_id) with every
 -- staged column, its request (request_key, link_method) and its times moved onto the reference
--- clock (corrected_*_ns = observed - offset of the span's clock domain).
+-- clock (corrected_*_ns = observed - offset of the span's clock domain in the partition of the
+-- span's start on its own clock, int_clock_offsets).
 with
 
 stg_spans_source as not materialized (
@@ -18,6 +19,12 @@ int_requests_linked_source as not materialized (
 int_clock_offsets_source as not materialized (
 
     select * from int_clock_offsets
+
+),
+
+stg_partitioning_source as not materialized (
+
+    select * from stg_partitioning
 
 ),
 
@@ -39,8 +46,10 @@ final as (
     inner join stg_spans_source as spans
         on spans.trace_id = linked.trace_id
         and spans.span_id = linked.span_id
+    cross join stg_partitioning_source as partitioning
     left join int_clock_offsets_source as offsets
-        on offsets.clock_domain = spans.clock_domain
+        on offsets.part = spans.start_ns // partitioning.partition_ns
+        and offsets.clock_domain = spans.clock_domain
 
 )
 
