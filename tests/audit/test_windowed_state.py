@@ -5,7 +5,6 @@ earlier partition's summaries or verdicts (docs/architecture.md, "Always-on anal
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import duckdb
