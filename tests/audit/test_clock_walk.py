@@ -125,3 +125,13 @@ def test_spans_nested_across_seven_hosts_are_put_on_the_reference_clock(
 def test_the_walk_has_no_hop_limit(hops: int) -> None:
     got = _offsets(_chain(hops))
     assert got[f"d{hops}"]["hops"] == hops and got[f"d{hops}"]["clock_status"] == "bounded"
+
+
+def test_offsets_are_rounded_to_100_us_within_their_bounds() -> None:
+    """A new pair that tightens the bounds by a few µs rarely moves a rounded offset; bounds
+    narrower than the rounding keep the offset inside them."""
+    got = _offsets([("d0", "d1", 1, -1_234_567 - 10 * MS, -1_234_567 + 10 * MS),
+                    ("d0", "d2", 1, -1_234_567 - 20_000, -1_234_567 + 20_000)])
+    assert got["d1"]["offset_ns"] == 1_200_000
+    assert got["d2"]["offset_ns"] == 1_214_567  # the nearest point of [1.214567, 1.254567] ms
+    assert (got["d2"]["offset_lower_ns"], got["d2"]["offset_upper_ns"]) == (1_214_567, 1_254_567)
