@@ -52,7 +52,7 @@ class Inbound:
 
     __slots__ = (
         "_rec", "_span", "_parent", "request_id", "_start_ns", "_status", "_first_byte",
-        "_cancelled", "_complete", "_ended", "_decisions", "_tokens",
+        "_cancelled", "_complete_ns", "_ended", "_decisions", "_tokens",
     )
 
     def __init__(
@@ -65,7 +65,7 @@ class Inbound:
         self._status: int | None = None
         self._first_byte = False
         self._cancelled = False
-        self._complete = False
+        self._complete_ns = 0
         self._ended = False
         self._decisions: list[Decision] = []
         self._tokens: list[contextvars.Token[Inbound | None]] = []
@@ -112,13 +112,16 @@ class Inbound:
             self._rec._fail(exc)
 
     def complete(self) -> None:
-        """The whole response was handed to the server (a later disconnect is no cancel)."""
-        self._complete = True
+        """The answer is complete: call it just *before* sending its last bytes. Now becomes the
+        span's end time (on true time the client cannot see the end earlier, which clock
+        correction relies on: docs/clock.md), and a later disconnect is no cancel."""
+        if not self._complete_ns:
+            self._complete_ns = time.time_ns()
 
     def cancelled(self) -> None:
         """The client went away before the response was complete: status 499, ``error.type``
         ``cancelled`` (ignored once the response is complete)."""
-        if self._cancelled or self._complete or self._ended:
+        if self._cancelled or self._complete_ns or self._ended:
             return
         self._cancelled = True
         try:
@@ -147,7 +150,7 @@ class Inbound:
                 span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
                 if self._status is None:
                     span.set_attribute(sc.HTTP_STATUS, 500)
-            span.end()
+            span.end(self._complete_ns or None)
         except Exception as e:
             self._rec._fail(e)
         finally:

@@ -7,6 +7,7 @@ from typing import Any
 
 from ._inbound import _CURRENT
 from ._recorder import DecisionRecorder
+from ._streams import answer_complete
 
 __all__ = ["RouterMiddleware"]
 
@@ -27,9 +28,11 @@ class RouterMiddleware:
     (``http.response.status_code``), its first body byte (``routeaudit.router.ttfb_ms``), a
     client that went away before the response was complete (status 499, ``error.type``
     ``cancelled``), an exception escaping the app (status 500 unless already answered); and it
-    ends the span, closing with an error mark any forward span the handler left open. The
-    recorder's rule holds: nothing here raises into the app; the app's own exceptions pass
-    through unchanged.
+    ends the span, closing with an error mark any forward span the handler left open. The span
+    ends as soon as the answer is complete (``data: [DONE]``, the Content-Length reached, or the
+    last body message), *before* those bytes are sent: on true time the client cannot see the
+    end earlier, which clock correction relies on (docs/clock.md). The recorder's rule holds:
+    nothing here raises into the app; the app's own exceptions pass through unchanged.
     """
 
     def __init__(
@@ -52,15 +55,24 @@ class RouterMiddleware:
                 inbound.cancelled()  # ignored once the response is complete
             return message
 
+        total: int | None = None
+        seen = 0
+
         async def send_watching(message: Message) -> None:
+            nonlocal total, seen
             kind = message.get("type")
             if kind == "http.response.start":
                 inbound.respond(message.get("status", 200))
+                for name, value in message.get("headers") or ():
+                    if name.lower() == b"content-length" and value.isdigit():
+                        total = int(value)
             elif kind == "http.response.body":
-                if message.get("body"):
+                body = message.get("body") or b""
+                if body:
                     inbound.first_byte()
-                if not message.get("more_body", False):
-                    inbound.complete()
+                    seen += len(body)
+                if not message.get("more_body", False) or answer_complete(body, seen, total):
+                    inbound.complete()  # the span's end time: the bytes are not sent yet
             try:
                 await send(message)
             except OSError:  # the client's connection is gone (ASGI 2.4 servers raise this)

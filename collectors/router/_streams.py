@@ -1,7 +1,10 @@
 """Relaying a replica's streamed answer while its forward span stays honest.
 
-The wrappers end the forward span when the body is done: normally, with the error that broke
-it, or as ``cancelled`` when the consumer stopped early (``GeneratorExit`` from ``close()`` /
+The wrappers end the forward span when the body is done: as soon as the replica's answer is
+complete (``data: [DONE]`` seen, or the Content-Length reached), *before* relaying those last
+bytes, so that on true time the forward span ends before its caller can see the end (clock
+correction relies on that nesting: docs/clock.md); else when the body is exhausted; with the
+error that broke it; or as ``cancelled`` when the consumer stopped early (``GeneratorExit`` from ``close()`` /
 ``aclose()`` or garbage collection, ``asyncio.CancelledError`` when the server cancels the task
 of a client that went away). The first non-empty chunk marks the router's first byte. Errors of
 the body itself are re-raised: they are the router's to handle.
@@ -11,12 +14,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from ._recorder import Forward
 
-__all__ = ["async_relay", "sync_relay"]
+__all__ = ["answer_complete", "async_relay", "sync_relay"]
+
+_DONE: Final = b"data: [DONE]"
+
+
+def answer_complete(chunk: bytes, seen: int, total: int | None) -> bool:
+    """Whether ``chunk`` completes an answer: an SSE stream's ``data: [DONE]``, or ``seen`` bytes
+    (this chunk included) reaching the announced length ``total``."""
+    return (total is not None and seen >= total) or chunk.rstrip().endswith(_DONE)
+
+
+def _length(body: Any) -> int | None:
+    value = body.headers.get("content-length")
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def _is_response(body: Any) -> bool:
@@ -28,35 +44,46 @@ def sync_relay(fwd: Forward, body: Any) -> Iterator[bytes]:
     """``body``: an iterable of chunks, or a streamed sync ``httpx.Response`` (read raw, closed at
     the end, its status recorded now)."""
     close: Callable[[], Any] | None = None
+    total = None
     if _is_response(body):
         fwd.set_http_status(body.status_code)
         close = body.close
+        total = _length(body)
         chunks: Iterable[Any] = body.iter_raw()
     else:
         chunks = body
-    return _sync(fwd, chunks, close)
+    return _sync(fwd, chunks, close, total)
 
 
 def async_relay(fwd: Forward, body: Any) -> AsyncIterator[bytes]:
     """``body``: an async iterable of chunks, or a streamed ``httpx.Response`` from an
     ``AsyncClient`` (read raw, closed at the end, its status recorded now)."""
     close: Callable[[], Awaitable[Any]] | None = None
+    total = None
     if _is_response(body):
         fwd.set_http_status(body.status_code)
         close = body.aclose
+        total = _length(body)
         chunks: AsyncIterable[Any] = body.aiter_raw()
     else:
         chunks = body
-    return _async(fwd, chunks, close)
+    return _async(fwd, chunks, close, total)
 
 
-def _sync(fwd: Forward, chunks: Iterable[Any], close: Callable[[], Any] | None) -> Iterator[bytes]:
+def _sync(
+    fwd: Forward, chunks: Iterable[Any], close: Callable[[], Any] | None, total: int | None
+) -> Iterator[bytes]:
     first = True
+    seen = 0
     try:
         for chunk in chunks:
-            if first and chunk:
-                first = False
-                fwd._first_byte()
+            if chunk:
+                if first:
+                    first = False
+                    fwd._first_byte()
+                seen += len(chunk)
+                if isinstance(chunk, bytes) and answer_complete(chunk, seen, total):
+                    fwd.end()
             yield chunk
     except GeneratorExit:
         fwd._end_cancelled()
@@ -74,14 +101,20 @@ def _sync(fwd: Forward, chunks: Iterable[Any], close: Callable[[], Any] | None) 
 
 
 async def _async(
-    fwd: Forward, chunks: AsyncIterable[Any], close: Callable[[], Awaitable[Any]] | None
+    fwd: Forward, chunks: AsyncIterable[Any], close: Callable[[], Awaitable[Any]] | None,
+    total: int | None,
 ) -> AsyncIterator[bytes]:
     first = True
+    seen = 0
     try:
         async for chunk in chunks:
-            if first and chunk:
-                first = False
-                fwd._first_byte()
+            if chunk:
+                if first:
+                    first = False
+                    fwd._first_byte()
+                seen += len(chunk)
+                if isinstance(chunk, bytes) and answer_complete(chunk, seen, total):
+                    fwd.end()
             yield chunk
     except (GeneratorExit, asyncio.CancelledError):
         fwd._end_cancelled()

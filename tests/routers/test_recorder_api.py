@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -392,3 +393,61 @@ def test_middleware_records_the_routers_answer(otel: Any) -> None:
     assert fwds["mw-leak"][sc.MISUSE] == ("forward_not_ended",)
     assert sc.MISUSE not in fwds["mw-ok"]
     assert rec.misuse == {"forward_not_ended": 1}
+
+
+# ------------------------------------------------------------------------------ nesting in time
+def test_relay_ends_the_forward_before_the_last_bytes_go_out(otel: Any) -> None:
+    """Clock correction needs the router's spans to end, on true time, before the client can see
+    the end of the answer: the forward ends on the replica's last bytes, before relaying them."""
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp)
+
+    def ended() -> bool:
+        return any(s.name == sc.SPAN_FORWARD for s in exporter.get_finished_spans())
+
+    sse = [b"data: {}\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"]
+    seen = [(chunk, ended()) for chunk in _decision(rec, "n-1").forward("u").stream(iter(sse))]
+    assert seen == [(sse[0], False), (sse[1], False), (sse[2], True)]
+    exporter.clear()
+
+    async def run() -> list[tuple[bytes, bool]]:
+        resp = httpx.Response(200, headers={"content-length": "6"}, content=achunks_of(b"abc", b"def"))
+        return [(c, ended()) async for c in _decision(rec, "n-2").forward("u").astream(resp)]
+
+    assert asyncio.run(run()) == [(b"abc", False), (b"def", True)]
+
+
+async def achunks_of(*parts: bytes) -> AsyncIterator[bytes]:
+    for p in parts:
+        await asyncio.sleep(0)
+        yield p
+
+
+def test_middleware_ends_the_server_span_before_the_last_bytes_go_out(otel: Any) -> None:
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
+                    "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    sent: list[tuple[bytes, int]] = []
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            sent.append((message["body"], time.time_ns()))
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions",
+             "headers": [(b"x-request-id", b"n-3")]}
+    asyncio.run(RouterMiddleware(app, rec)(scope, receive, send))
+    server = exporter.get_finished_spans()[0]
+    done_sent_at = next(t for body, t in sent if body.startswith(b"data: [DONE]"))
+    assert server.end_time is not None and server.end_time <= done_sent_at
+    assert attrs(server)[sc.HTTP_STATUS] == 200 and rec.errors == 0
