@@ -4,7 +4,8 @@ outcome is read from the ``requests`` mart.
 
 Covered: a plain completion, a streamed one, a client that cancels mid-stream, a backend killed
 while the router still holds its prefix affinity (the router answers 502), and a request the
-router then sends to the surviving backend.
+router then sends to the surviving backend; then routeaudit's instrumented client through the same
+router, whose spans the router's must nest in on true time (no request ``clock_suspect``).
 """
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ def test_example_router_end_to_end(stack: Stack) -> None:
                             headers={"x-request-id": "ex-after"})
         assert after.status_code == 200 and after.text.rstrip().endswith("data: [DONE]")
 
+    # routeaudit's own client too: its spans are the reference clock, and the router's spans must
+    # nest inside them on true time, or every request through the router is clock_suspect
+    traced = stack.drive(router.url, "ex-client", n=6)
+    assert [r.status for r in traced] == ["ok"] * 6, [(r.status, r.error) for r in traced]
+    traced_ids = [r.request_id for r in traced]
+    assert stack.wait_for_requests(traced_ids) == 6
+
     stack.flush()
     deadline = time.monotonic() + 15.0
     rows = _rows(stack)
@@ -144,3 +152,11 @@ def test_example_router_end_to_end(stack: Stack) -> None:
                                                    "ReadError", "ConnectTimeout")
     assert forward["ex-cancel"]["error_type"] == "cancelled"
     assert forward["ex-stream"]["status_code"] == "unset" and forward["ex-stream"]["http"] == 200
+
+    clocks = stack.query(
+        "select request_id, status, clock_suspect, chosen_replica, served_by from requests "
+        "where request_id in (select unnest(?::varchar[]))", [IDS + traced_ids])
+    assert len(clocks) == len(IDS) + len(traced_ids)
+    assert not [c for c in clocks if c["clock_suspect"]], clocks
+    assert all(c["status"] == "ok" and c["chosen_replica"] == c["served_by"] == replica_b
+               for c in clocks if c["request_id"] in traced_ids), clocks
