@@ -39,6 +39,15 @@ def _example() -> ModuleType:
     return module
 
 
+def test_example_router_is_small() -> None:
+    """What docs/instrument-your-router.md says of it: under 100 lines, 19 of them routeaudit."""
+    lines = EXAMPLE.read_text("utf-8").splitlines()
+    marked = [ln for ln in lines if "# routeaudit" in ln and "``" not in ln]
+    assert len(lines) < 100 and len(marked) == 19
+    assert "19 are routeaudit" in (EXAMPLE.parents[1] / "docs" / "instrument-your-router.md"
+                                   ).read_text("utf-8")
+
+
 def _body(prompt: str, *, stream: bool, max_tokens: int = 6) -> dict[str, Any]:
     return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
 
