@@ -451,3 +451,38 @@ def test_middleware_ends_the_server_span_before_the_last_bytes_go_out(otel: Any)
     done_sent_at = next(t for body, t in sent if body.startswith(b"data: [DONE]"))
     assert server.end_time is not None and server.end_time <= done_sent_at
     assert attrs(server)[sc.HTTP_STATUS] == 200 and rec.errors == 0
+
+
+def test_middleware_under_fastapi(otel: Any) -> None:
+    """The same pure ASGI middleware, added the FastAPI way."""
+    from fastapi import FastAPI
+
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp)
+    api = FastAPI()
+
+    @api.post("/v1/completions")
+    async def completions(request: Request) -> StreamingResponse:
+        async with rec.decide(None) as d:
+            d.candidate("r")
+            d.choose("r", "only")
+        async with d.forward("http://r/v1/completions") as fwd:
+            chunks = fwd.astream(achunks_of(b"data: 1\n\n", b"data: [DONE]\n\n"))
+        return StreamingResponse(chunks, media_type="text/event-stream")
+
+    api.add_middleware(RouterMiddleware, recorder=rec)
+
+    async def run() -> httpx.Response:
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            return await client.post("/v1/completions", json={},
+                                     headers={"x-request-id": "fa-1"})
+
+    assert asyncio.run(run()).text.endswith("data: [DONE]\n\n")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    server = spans["POST /v1/completions"]
+    assert attrs(server)[sc.HTTP_STATUS] == 200 and attrs(server)[sc.REQUEST_ID] == "fa-1"
+    assert sc.ROUTER_TTFB_MS in attrs(server)
+    dec, fwd = spans[sc.SPAN_DECISION], spans[sc.SPAN_FORWARD]
+    assert dec.parent is not None and dec.parent.span_id == server.context.span_id
+    assert fwd.status.status_code is StatusCode.UNSET and rec.errors == 0
