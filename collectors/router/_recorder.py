@@ -16,7 +16,9 @@ Contract for router authors:
   OpenTelemetry SDK everything is a no-op except the trace-context headers, which still carry an
   incoming ``traceparent`` through.
 * **No context juggling.** Spans are never made "current" (no contextvars attach/detach), so the
-  same code works in threads, asyncio tasks and callbacks; parents are passed explicitly.
+  same code works in threads, asyncio tasks and callbacks; parents are passed explicitly. The
+  one context variable, set by ``RouterMiddleware`` / ``rec.serve()`` for one request, only
+  tells ``decide()`` which router server span it belongs to (``._inbound``).
 * **Misuse is survived, not raised.** Deciding after the block ended, choosing a replica that
   was not a candidate, ``None`` as a replica, a forward span never ended, ``respond()`` with no
   open span to carry it: each is logged once per recorder and kind (logger
