@@ -158,7 +158,7 @@ def test_example_router_end_to_end(stack: Stack) -> None:
     assert server["ex-killed"]["http"] == 502 and server["ex-killed"]["status_code"] == "error"
     assert forward["ex-killed"]["status_code"] == "error"
     assert forward["ex-killed"]["error_type"] in ("ConnectError", "RemoteProtocolError",
-                                                   "ReadError", "ConnectTimeout")
+                                                   "ReadError", "WriteError", "ConnectTimeout")
     assert forward["ex-cancel"]["error_type"] == "cancelled"
     assert forward["ex-stream"]["status_code"] == "unset" and forward["ex-stream"]["http"] == 200
 
