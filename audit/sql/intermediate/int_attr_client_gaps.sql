@@ -11,8 +11,11 @@ all_requests as (
     select * from requests
 ),
 
-partitioning as (
-    select * from stg_partitioning
+window_offsets as (
+    -- a request counts in the window of its own partition and of the next
+    -- window_partitions ones: shifting it by each offset makes the windows an equi-join
+    select unnest(range(window_partitions + 1)) as partitions_later
+    from stg_partitioning
 ),
 
 run_partitions as (
@@ -38,17 +41,15 @@ measured as (
 ),
 
 windowed as (
-    -- each request counts in the windows of its own partition and the next window_partitions
     select
         w.part,
         w.run_id,
         m.ttft_ms - m.replica_ttft_ms as gap_ms
     from measured as m
-    cross join partitioning as p
+    cross join window_offsets as o
     inner join run_partitions as w
-        on m.run_id is not distinct from w.run_id
-        and w.part >= m.part
-        and w.part <= m.part + p.window_partitions
+        on m.part + o.partitions_later = w.part
+        and m.run_id is not distinct from w.run_id
 ),
 
 final as (

@@ -23,8 +23,11 @@ all_requests as (
     select * from requests
 ),
 
-partitioning as (
-    select * from stg_partitioning
+window_offsets as (
+    -- an execution counts in the window of its own partition and of the next
+    -- window_partitions ones: shifting it by each offset makes the windows an equi-join
+    select unnest(range(window_partitions + 1)) as partitions_later
+    from stg_partitioning
 ),
 
 run_partitions as (
@@ -36,8 +39,7 @@ run_partitions as (
 ),
 
 calibration_points as (
-    -- each execution counts in the windows of its own partition and the next
-    -- window_partitions ones (part is the partition whose summary it counts in)
+    -- part: the partition whose summary the execution counts in
     select
         w.part,
         t.run_id,
@@ -51,11 +53,10 @@ calibration_points as (
                 then t.decode_ms / (t.output_tokens - 1)
         end as decode_ms_per_token
     from timed as t
-    cross join partitioning as p
+    cross join window_offsets as o
     inner join run_partitions as w
-        on t.run_id is not distinct from w.run_id
-        and w.part >= t.part
-        and w.part <= t.part + p.window_partitions
+        on t.part + o.partitions_later = w.part
+        and t.run_id is not distinct from w.run_id
     where t.replica is not null
 ),
 
