@@ -158,7 +158,7 @@ _MART_SQL = {
                 case when i % 2 = 0 then 'round_robin' else 'cache_aware' end as policy,
                 case when (i // 2) % 2 = 0 then 'router-a' else 'router-b' end as router_id,
                 'replica-' || ({_h(3)} % 3) as chosen_replica,
-                timestamptz '2026-01-01 00:00:00+00' + to_milliseconds(i * 100) as client_start,
+                timestamptz '2026-01-01 00:00:00+00' + to_milliseconds(i * $3) as client_start,
                 case when i % 17 = 5 then 'error' when i % 23 = 7 then 'timeout' else 'ok' end
                     as status,
                 case when i % 19 = 0 then 1 else 10 + {_h(5)} % 200 end as output_tokens,
@@ -320,9 +320,11 @@ dependency order; views over the synthetic marts here, as in a real store."""
 
 
 def mart_store(path: Path, n: int = 400, *, attribution: bool = True,
-               repeat_ids: bool = False) -> Path:
+               repeat_ids: bool = False, spacing_ms: int = 100) -> Path:
     """A store whose marts are synthetic tables of ``n`` requests (see module docstring);
-    ``repeat_ids``: each request id names two requests, one in each run.
+    ``repeat_ids``: each request id names two requests, one in each run; ``spacing_ms``:
+    between two requests' starts (the default puts 400 requests in 40 s, inside the
+    dashboard's default window of an hour).
 
     Built without ``Store`` (which would install every relation as a view first, slow while the
     relations grow): raw tables from their DDL, the marts as tables, the version stamp.
@@ -341,7 +343,7 @@ def mart_store(path: Path, n: int = 400, *, attribution: bool = True,
         if attribution:
             order += ["attributions", "herding_episodes"]
         for name in order:
-            params = [n, 2 if repeat_ids else 1] if name == "requests" else None
+            params = [n, 2 if repeat_ids else 1, spacing_ms] if name == "requests" else None
             con.execute(f"create table {name} as {_MART_SQL[name]}", params)
         for rel in _relations.load_relations():  # the SLO judgement, from its own SQL
             if rel.name in JUDGEMENT:
