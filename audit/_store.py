@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 import semconv
-from audit import _relations
+from audit import _incremental, _relations
 from audit._errors import AuditError, CollectorUnavailable, QueryError, StoreError
 from audit._readonly import DEFAULT_LIMITS, QueryCancel, QueryLimits, check_read_only, run_read_only
 from audit._slo import SLO, load_slo
@@ -82,7 +82,8 @@ class Store:
                  refresh_max_share: float = 1.0, background_refresh: bool = False,
                  memory_limit: str | None = None, threads: int | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 query_limits: QueryLimits = DEFAULT_LIMITS) -> None:
+                 query_limits: QueryLimits = DEFAULT_LIMITS,
+                 incremental: bool | None = None) -> None:
         if not 0 < refresh_max_share <= 1:
             raise StoreError(f"refresh_max_share must be in (0, 1], got {refresh_max_share!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -108,6 +109,12 @@ class Store:
         self._stopping = False
         self._refresh_stop = QueryCancel()
         self.query_limits = query_limits
+        self.incremental = incremental
+        """Refresh by slices of event time (True), by full rebuilds (False), or by slices from
+        :data:`INCREMENTAL_MIN_SPANS` spans on (None)."""
+        self._full_rebuild_due = False
+        self.last_refresh_kind = "none"
+        """How the last refresh ran: ``full``, ``slice``, ``none`` (nothing new)."""
         self._active: set[QueryCancel] = set()
         self._active_cond = threading.Condition()
         self._dirty = False
@@ -133,6 +140,10 @@ class Store:
         self._con.execute(
             "create table if not exists routeaudit_meta (key varchar primary key, value varchar)"
         )
+        marks_kept = bool(self._con.execute(
+            "select count(*) from information_schema.tables where table_catalog = current_database() "
+            "and table_name = ?", [_incremental.DIRTY_TABLE]).fetchall()[0][0])
+        self._con.execute(_incremental.DIRTY_DDL)
         self._spans_stored = int(self._con.execute("select count(*) from raw_spans").fetchall()[0][0])
         counted = self._con.execute(
             "select try_cast(value as bigint) from routeaudit_meta where key = 'relations_spans'"
@@ -144,8 +155,10 @@ class Store:
             self._spans_in_relations = None
             self._dirty = True
         elif self._spans_in_relations is None or self._spans_in_relations < self._spans_stored:
-            # A writer stopped before its relations caught up (a prompt stop): this one rebuilds.
+            # A writer stopped before its relations caught up (a prompt stop): this one rebuilds,
+            # by slices when the stopped writer kept marks of what it appended.
             self._dirty = True
+            self._full_rebuild_due = not marks_kept
         if not _views_current(self._con):
             # Relations are rebuilt when the SQL changed since this store was last refreshed.
             self.refresh()
@@ -180,7 +193,16 @@ class Store:
                 if self._stopping:
                     raise StoreError("the store is stopping: refresh skipped")
                 stop._bind(cur)
-                self._spans_in_relations = _relations.refresh(cur, before_commit=_record_refresh)
+                spans: int | None
+                if self._slices_apply():
+                    spans = _incremental.refresh(cur, before_commit=_record_refresh)
+                    self.last_refresh_kind = "none" if spans is None else "slice"
+                else:
+                    spans = _relations.refresh(cur, before_commit=_record_refresh)
+                    self.last_refresh_kind = "full"
+                    self._full_rebuild_due = False
+                if spans is not None:
+                    self._spans_in_relations = spans
             except BaseException as exc:
                 self._dirty = True
                 # The next attempt waits longer (see refresh_gap_s): under load a refresh can run
@@ -199,6 +221,15 @@ class Store:
                 self._last_refresh = self._clock()
                 self.last_refresh_s = time.perf_counter() - started
             return self.last_refresh_s
+
+    def _slices_apply(self) -> bool:
+        """Whether this refresh can recompute slices: relations of this version already built
+        from this process's view of the store, and slices chosen (or the store large enough)."""
+        if self._full_rebuild_due or self._spans_in_relations is None:
+            return False
+        if self.incremental is None:
+            return self._spans_stored >= INCREMENTAL_MIN_SPANS
+        return self.incremental
 
     @property
     def rebuild_is_slow(self) -> bool:
@@ -260,6 +291,10 @@ class Store:
                     new = con.execute(
                         "insert or ignore into raw_spans by name select * from _ra_spans"
                     ).fetchall()[0][0]
+                    if new:
+                        # what the next incremental refresh must reach back to
+                        con.execute(f"insert into {_incremental.DIRTY_TABLE} "
+                                    "select trace_id, min(start_ns) from _ra_spans group by trace_id")
                     con.unregister("_ra_spans")
                 if events is not None and events.num_rows:
                     con.register("_ra_events", events)
@@ -268,6 +303,8 @@ class Store:
                 if snapshots is not None and snapshots.num_rows:
                     con.register("_ra_snaps", snapshots)
                     con.execute("insert into raw_snapshots by name select * from _ra_snaps")
+                    con.execute(f"insert into {_incremental.DIRTY_TABLE} "
+                                "select null, min(scraped_ns) from _ra_snaps")
                     con.unregister("_ra_snaps")
                 con.execute("commit")
             except BaseException:
@@ -432,6 +469,10 @@ def _add_missing_raw_columns(con: duckdb.DuckDBPyConnection) -> None:
             raise
 
 
+INCREMENTAL_MIN_SPANS: Final = 100_000
+"""Stores with at least this many spans refresh by slices of event time (audit/_incremental.py)
+unless the store says otherwise; below it a full rebuild takes about a second."""
+
 CHECKPOINT_THRESHOLD: Final = "1GB"
 """WAL size that makes DuckDB checkpoint (its default is 16 MB). A checkpoint rewrites the
 table's last, partly filled row group and compresses what it folds in, so the fewer checkpoints
@@ -448,6 +489,8 @@ def _record_refresh(con: duckdb.DuckDBPyConnection, spans: int) -> None:
         "('refreshed_ns', ?), ('relations_spans', ?)",
         [_relations.relations_version(), str(time.time_ns()), str(spans)],
     )
+    # a rebuild read every row the marks point at (those of later commits stay)
+    con.execute(f"delete from {_incremental.DIRTY_TABLE}")
 
 
 def _tune(con: duckdb.DuckDBPyConnection) -> None:

@@ -396,8 +396,6 @@ def test_sigterm_stops_promptly_with_connections_held_open(tmp_path: Path) -> No
         # a request whose body never finishes: in flight when the signal comes
         held[2].sendall(b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                         b"Content-Type: application/x-protobuf\r\nContent-Length: 100\r\n\r\nab")
-        # alone, a bomb is inflated in full under the budget and judged on what it holds
-        assert send(0) == 400
         assert httpx.post(col.url + "/v1/traces", content=_body(2),
                           headers={"content-type": "application/x-protobuf"}).status_code == 200
         t0 = time.monotonic()

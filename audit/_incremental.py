@@ -1,0 +1,297 @@
+"""Incremental refresh: recompute only the event time that received rows since the last refresh.
+
+A full rebuild (``_relations.refresh``) reads every raw row; its cost follows the history. This
+module recomputes the *slice* ``[t0, ∞)`` instead, where ``t0`` is the earliest anchor a new row
+can change, and replaces the stored rows that slice owns (docs/architecture.md, "Always-on
+analysis"). The relations are the same SQL files, run over temporary views of the raw tables
+restricted to the slice's *region* ``[read_from, ∞)``: far enough back for every window a row
+in the slice reads (the prefix-block and KV lookbacks, the windowed summaries of the
+partitions before it, a trace's earlier spans), so the rows the slice owns equal a one-shot
+build's.
+
+Which rows of a relation a slice owns follows from the relation's keys: request-keyed rows by
+their request's anchor, decision- and span-keyed rows through the request they belong to,
+trace-keyed staging rows through their trace's request, per-partition summaries by partition,
+scrapes by scrape time; a relation with none of these is replaced whole.
+
+``t0`` is the minimum of: the earliest start of a new span (less :data:`SKEW_NS`, as a span's own
+clock may run ahead of the reference), the stored anchor of every request a new span joins (by
+trace, or by request id), and the start of every partition the watermark has just made final
+(so its verdicts are recomputed once with complete windows and marked ``verdict_final``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import duckdb
+
+from audit import _relations
+from audit._errors import StoreError
+
+DIRTY_TABLE: Final = "routeaudit_dirty"
+DIRTY_DDL: Final = (
+    f"create table if not exists {DIRTY_TABLE} ("
+    "trace_id varchar, "  # null for a batch of scrapes
+    "start_ns bigint not null)"  # earliest start (or scrape time) the batch brought
+)
+"""What each append brought since the last refresh: one row per (batch, trace)."""
+
+SKEW_NS: Final = 60 * 10**9
+"""How far a host's clock may run ahead of the reference: a request's anchor is at most this
+before the raw start of any of its spans."""
+
+LOOKBACK_NS: Final = 330 * 10**9
+"""What a request's rows read before its anchor on its replicas: prefix blocks served up to 300 s
+earlier, KV usage over the 30 s lookback (int_attr_thresholds.lookback_ms)."""
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """The store's settings (``stg_partitioning``), in ns."""
+
+    partition_ns: int
+    window_partitions: int
+    lateness_ns: int
+    max_request_ns: int
+
+    @classmethod
+    def read(cls, con: duckdb.DuckDBPyConnection, schema: str = "main") -> Partitioning:
+        rows = con.execute(
+            f"select partition_ns, window_partitions, cast(lateness_s * 1e9 as bigint), "
+            f"cast(max_request_s * 1e9 as bigint) from {schema}.stg_partitioning").fetchall()
+        if len(rows) != 1:
+            raise StoreError("stg_partitioning must hold one row")
+        p, k, late, longest = rows[0]
+        return cls(int(p), int(k), int(late), int(longest))
+
+    def start_of(self, ns: int) -> int:
+        """The start of the partition ``ns`` falls in."""
+        return (ns // self.partition_ns) * self.partition_ns
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an incremental refresh recomputes: rows anchored at or after ``t0_ns``, from raw rows
+    starting at or after ``read_from_ns`` (and the earlier spans of their traces)."""
+
+    t0_ns: int
+    read_from_ns: int
+    dirty_rows: int
+    finalising: int | None
+    """The oldest partition whose verdicts this refresh makes final, if any."""
+
+
+def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
+    """The slice a refresh must recompute, or None when nothing arrived and no partition became
+    final. ``con`` reads the store's stored relations (a transaction started by the caller)."""
+    dirty_rows, dirty_min = con.execute(
+        f"select count(*), min(start_ns) from {DIRTY_TABLE}").fetchall()[0]
+    t0: int | None = None
+    if dirty_rows:
+        t0 = int(dirty_min) - SKEW_NS
+        far = t0 - parts.max_request_ns
+        # The stored requests a new span joins: by trace (a late side of a request stored
+        # earlier), or by request id (a second trace joined by the request-id fallback).
+        joined = con.execute(f"""
+            with dirty as (select distinct trace_id from {DIRTY_TABLE} where trace_id is not null),
+            ids as (
+                select distinct s.a_request_id as request_id
+                from raw_spans as s semi join dirty using (trace_id)
+                where s.start_ns >= {far} and s.a_request_id is not null
+            ),
+            keys as (
+                select distinct c.request_key
+                from int_spans_clock_corrected as c semi join dirty using (trace_id)
+                where c.start_ns >= {far}
+            )
+            select min(r.anchor_ns) from requests as r
+            where r.anchor_ns >= {far - SKEW_NS}
+              and (r.request_key in (select request_key from keys)
+                   or r.request_id in (select request_id from ids))
+        """).fetchall()[0][0]
+        if joined is not None:
+            t0 = min(t0, int(joined))
+    newest = con.execute("select max(start_ns) from raw_spans").fetchall()[0][0]
+    finalising: int | None = None
+    if newest is not None:
+        # Partitions the watermark has passed (end + longest request) whose rows are not final
+        # yet: recomputed once, then marked final by the SQL.
+        watermark = int(newest) - parts.lateness_ns
+        row = con.execute(
+            "select min(part) from requests where not verdict_final "
+            "and (part + 1) * ? + ? <= ?",
+            [parts.partition_ns, parts.max_request_ns, watermark]).fetchall()[0][0]
+        if row is not None:
+            finalising = int(row)
+            start = finalising * parts.partition_ns
+            t0 = start if t0 is None else min(t0, start)
+    if t0 is None:
+        return None
+    # Windowed summaries of t0's partition read the window_partitions before it; a decision
+    # reads its replicas' recent past (LOOKBACK_NS); both from the same region.
+    # (a span of a request anchored at t0 may start SKEW_NS earlier on its own clock, in the
+    # partition before, whose clock window reaches one partition further back)
+    window_from = parts.start_of(t0 - SKEW_NS) - parts.window_partitions * parts.partition_ns
+    read_from = min(window_from, t0 - LOOKBACK_NS - SKEW_NS)
+    return Plan(t0, read_from, int(dirty_rows), finalising)
+
+
+def _restrict_raw(cur: duckdb.DuckDBPyConnection, db: str, pl: Plan, parts: Partitioning) -> None:
+    raw = f'"{db}".main'
+    lo = int(pl.read_from_ns)
+    far = lo - parts.max_request_ns - SKEW_NS
+    # A trace that reaches into the region brings its earlier spans (a retry minutes after the
+    # first attempt must not make a request of its own).
+    cur.execute(f"""create or replace temp view raw_spans as
+        select * from {raw}.raw_spans where start_ns >= {lo}
+        union all
+        select * from {raw}.raw_spans
+        where start_ns >= {far} and start_ns < {lo}
+          and trace_id in (select trace_id from {raw}.raw_spans where start_ns >= {lo})""")
+    cur.execute(f"create or replace temp view raw_span_events as select e.* "
+                f"from {raw}.raw_span_events as e semi join temp.main.raw_spans as s "
+                f"using (trace_id, span_id)")
+    cur.execute(f"create or replace temp view raw_snapshots as select * "
+                f"from {raw}.raw_snapshots where scraped_ns >= {lo}")
+
+
+def _columns(cur: duckdb.DuckDBPyConnection, qualified: str) -> list[str]:
+    return [str(r[0]) for r in cur.execute(f"describe {qualified}").fetchall()]
+
+
+def _ownership(columns: list[str]) -> str:
+    """How a slice owns a relation's rows, from its columns (most specific key first)."""
+    cols = set(columns)
+    if "request_key" in cols:
+        return "request"
+    if "part" in cols:
+        return "part"
+    if "decision_key" in cols:
+        return "decision"
+    if "scraped_ns" in cols:
+        return "scraped_ns"
+    if "scraped_at" in cols:
+        return "scraped_at"
+    if "trace_id" in cols:
+        return "trace"
+    if "span_id" in cols:
+        return "span"
+    return "whole"
+
+
+def _owned(kind: str, side: str, t0: int, parts: Partitioning) -> str:
+    """The predicate selecting the owned rows of a relation on ``side`` (``old``: as stored,
+    ``new``: as recomputed), over the key sets :func:`refresh` prepares."""
+    if kind == "request":
+        return f"request_key in (select request_key from _owned_{side}_requests)"
+    if kind == "decision":
+        return f"decision_key in (select decision_key from _owned_{side}_decisions)"
+    if kind == "trace":
+        return f"trace_id in (select trace_id from _owned_{side}_traces)"
+    if kind == "span":
+        return f"span_id in (select span_id from _owned_{side}_spans)"
+    if kind == "part":
+        return f"part >= {t0 // parts.partition_ns}"
+    if kind == "scraped_ns":
+        return f"scraped_ns >= {t0}"
+    if kind == "scraped_at":
+        return f"epoch_ns(scraped_at) >= {t0}"
+    return "true"
+
+
+def refresh(con: duckdb.DuckDBPyConnection,
+            before_commit: Callable[[duckdb.DuckDBPyConnection, int], None] | None = None,
+            on_plan: Callable[[Plan], None] | None = None) -> int | None:
+    """Recompute the slice new rows reach and replace the rows it owns, in one transaction.
+
+    Returns the number of ``raw_spans`` rows in the transaction's snapshot (as
+    ``_relations.refresh`` does), or None when there was nothing to do. Requires relations built
+    by this version (a full rebuild first). ``con`` must be a cursor of its own: the slice's
+    temporary relations live on it until it closes."""
+    rels = _relations.load_relations()
+    as_views = _relations.views(rels)
+    cached = set(_relations.cached(rels))
+    db = con.execute("select current_database()").fetchall()[0][0]
+    main = f'"{db}".main'
+    con.execute("begin transaction")
+    try:
+        parts = Partitioning.read(con)
+        pl = plan(con, parts)
+        if pl is None:
+            con.execute("rollback")
+            return None
+        if on_plan is not None:
+            on_plan(pl)
+        spans = int(con.execute("select count(*) from raw_spans").fetchall()[0][0])
+        _restrict_raw(con, db, pl, parts)
+        for rel in rels:
+            kind = "view" if rel.name in as_views else "table"
+            body = rel.sql.strip().rstrip(";")
+            try:
+                con.execute(f"create or replace temp {kind} {rel.name} as\n{body}")
+            except duckdb.Error as exc:
+                raise StoreError(f"relation {rel.layer}/{rel.name}.sql does not build over a "
+                                 f"slice: {_relations._first(exc)}") from exc
+        t0 = pl.t0_ns
+        # The keys the slice owns, as stored before and as recomputed.
+        for side, schema in (("old", main), ("new", "temp.main")):
+            con.execute(f"create or replace temp table _owned_{side}_requests as "
+                        f"select request_key from {schema}.requests where anchor_ns >= {t0}")
+            con.execute(f"create or replace temp table _owned_{side}_decisions as "
+                        f"select decision_key from {schema}.int_attr_decisions_resolved "
+                        f"where request_key in (select request_key from _owned_{side}_requests)")
+            con.execute(f"create or replace temp table _owned_{side}_traces as "
+                        f"select distinct trace_id from {schema}.int_spans_clock_corrected "
+                        f"where request_key in (select request_key from _owned_{side}_requests)")
+            con.execute(f"create or replace temp table _owned_{side}_spans as "
+                        f"select span_id from {schema}.executions "
+                        f"where request_key in (select request_key from _owned_{side}_requests)")
+        stored = {r[0] for r in con.execute(
+            "select table_name from information_schema.tables "
+            "where table_catalog = current_database() and table_schema = 'main' "
+            "and table_type = 'BASE TABLE'").fetchall()}
+        for rel in rels:
+            targets: list[str] = []
+            if rel.name not in as_views and rel.name in stored:
+                targets.append(rel.name)
+            if rel.name in cached and rel.name + _relations.CACHE_SUFFIX in stored:
+                targets.append(rel.name + _relations.CACHE_SUFFIX)
+            for table in targets:
+                cols = _columns(con, f"{main}.{table}")
+                kind = _ownership(cols)
+                names = ", ".join(f'"{c}"' for c in cols)
+                con.execute(f"delete from {main}.{table} "
+                            f"where {_owned(kind, 'old', t0, parts)} "
+                            f"or {_owned(kind, 'new', t0, parts)}")
+                con.execute(f"insert into {main}.{table} ({names}) "
+                            f"select {names} from temp.main.{rel.name} "
+                            f"where {_owned(kind, 'new', t0, parts)}")
+        con.execute(f"delete from {main}.{DIRTY_TABLE}")
+        if before_commit is not None:
+            before_commit(con, spans)
+        con.execute("commit")
+    except BaseException:
+        con.execute("rollback")
+        raise
+    finally:
+        _drop_temp(con)
+    return spans
+
+
+def _drop_temp(con: duckdb.DuckDBPyConnection) -> None:
+    """The slice's temporary objects go with it (a cursor may be reused)."""
+    try:
+        rows = con.execute("select table_name, table_type from information_schema.tables "
+                           "where table_catalog = 'temp'").fetchall()
+        for name, kind in rows:
+            con.execute(f"drop {'view' if kind == 'VIEW' else 'table'} if exists temp.main.\"{name}\"")
+    except duckdb.Error:
+        pass
+
+
+def now_ns() -> int:
+    return time.time_ns()
