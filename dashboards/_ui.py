@@ -22,6 +22,7 @@ from typing import Any, Final, NamedTuple
 import altair as alt
 import polars as pl
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 import audit
 from audit import AuditError, queries
@@ -60,20 +61,21 @@ WINDOW_FROM_KEY: Final = "window_from"
 WINDOW_TO_KEY: Final = "window_to"
 """Keys (and URL query parameters) of the custom range's two ends, UTC to the minute."""
 
+WINDOW_ALL: Final = "all"
+WINDOW_CUSTOM: Final = "custom range"
 WINDOW_SPANS: Final[dict[str, timedelta | None]] = {
-    "15m": timedelta(minutes=15),
-    "1h": timedelta(hours=1),
-    "6h": timedelta(hours=6),
-    "24h": timedelta(hours=24),
-    "all": None,
-    "custom": None,
+    "last 15 min": timedelta(minutes=15),
+    "last 1 h": timedelta(hours=1),
+    "last 6 h": timedelta(hours=6),
+    "last 24 h": timedelta(hours=24),
+    WINDOW_ALL: None,
+    WINDOW_CUSTOM: None,
 }
-"""The picker's choices: how far each reaches back from the newest request stored."""
-WINDOW_LABELS: Final = {"15m": "last 15 min", "1h": "last 1 h", "6h": "last 6 h",
-                        "24h": "last 24 h", "all": "all", "custom": "custom range"}
+"""The picker's choices (shown as they are, and written so in the URL: ``?window=all``) and
+how far each reaches back from the newest request stored."""
 _SHOWN_KEY: Final = "window_shown"
 """Session state: the window the last run showed (a custom range starts from it)."""
-DEFAULT_WINDOW: Final = "1h"
+DEFAULT_WINDOW: Final = "last 1 h"
 """The window every page opens with: the hour ending at the newest request in the store (not
 the wall clock: a store may be days old)."""
 
@@ -214,9 +216,9 @@ def time_window() -> queries.TimeWindow:
     that ends before it starts falls back to the default (the sidebar says so); so does an
     unknown choice. An empty store: everything (the pages say the store is empty)."""
     choice = st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW)
-    if choice == "all":
+    if choice == WINDOW_ALL:
         return queries.TimeWindow()
-    if choice == "custom":
+    if choice == WINDOW_CUSTOM:
         start, end = _custom_range()
         if start is None or end is None or start <= end:
             return queries.TimeWindow(start, end)
@@ -246,7 +248,7 @@ def describe_window(window: queries.TimeWindow) -> str:
 def _prefill_custom() -> None:
     """On choosing "custom range": start from the window shown until now, to the minute, so
     the range is a refinement, not a blank."""
-    if st.session_state.get(WINDOW_KEY) != "custom":
+    if st.session_state.get(WINDOW_KEY) != WINDOW_CUSTOM:
         return
     shown = st.session_state.get(_SHOWN_KEY) or queries.TimeWindow()
     span = store_span()
@@ -260,17 +262,39 @@ def _prefill_custom() -> None:
             tzinfo=None, second=0, microsecond=0) + timedelta(minutes=1))
 
 
+def _keep_window_in_url() -> None:
+    """Put the window back into the URL after a page switch, before its widgets are drawn.
+
+    Streamlit drops a bound query parameter when the page changes (it ties the binding to the
+    page that drew the widget, here the one shown when the sidebar first ran), though the
+    widget keeps its value: without this, a link copied after a page switch would open on the
+    default window."""
+    for key in (WINDOW_KEY, WINDOW_FROM_KEY, WINDOW_TO_KEY):
+        value = st.session_state.get(key)
+        if value is None or key in st.query_params or (key == WINDOW_KEY and value == DEFAULT_WINDOW):
+            continue
+        if key != WINDOW_KEY and st.session_state.get(WINDOW_KEY) != WINDOW_CUSTOM:
+            continue
+        try:
+            st.query_params[key] = (value.strftime("%Y-%m-%dT%H:%M") if isinstance(value, datetime)
+                                    else str(value))
+        except StreamlitAPIException:  # still bound: Streamlit keeps it in the URL itself
+            _log.debug("query parameter %s is bound", key, exc_info=True)
+
+
 def window_sidebar(*, applies: bool = True) -> None:
     """The window picker and what it covers, for the sidebar (app.py calls it inside
     ``st.sidebar`` on every page, so the state survives a page switch). ``applies``: False on
     a page that reads the whole store (SQL), which says so."""
     st.subheader("Time window")
+    _keep_window_in_url()
     choices = list(WINDOW_SPANS)
+    # no format_func: a bound selectbox writes the label shown into the URL
     st.selectbox("Requests started in", choices, index=choices.index(DEFAULT_WINDOW),
-                 format_func=WINDOW_LABELS.__getitem__, key=WINDOW_KEY, bind="query-params",
+                 key=WINDOW_KEY, bind="query-params",
                  on_change=_prefill_custom,
                  help="Up to the newest request in the store, not the wall clock.")
-    if st.session_state.get(WINDOW_KEY) == "custom":
+    if st.session_state.get(WINDOW_KEY) == WINDOW_CUSTOM:
         st.datetime_input("From (UTC)", value=None, key=WINDOW_FROM_KEY, bind="query-params",
                           format="YYYY-MM-DD", step=60)
         st.datetime_input("To (UTC)", value=None, key=WINDOW_TO_KEY, bind="query-params",

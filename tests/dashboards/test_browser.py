@@ -117,10 +117,38 @@ def test_every_page_renders_in_chromium(server: str) -> None:
                 body = page.inner_text("body")
                 assert "Traceback" not in body, (path, body[:2000])
                 assert "Page not found" not in body, path
-                assert "1 span stored since then is not in them yet. These pages" in page.inner_text(
-                    "[data-testid='stSidebar']"), path
+                side = page.inner_text("[data-testid='stSidebar']")
+                assert "1 span stored since then is not in them yet. These pages" in side, path
+                assert "The store covers 2026-01-01 00:00:00 to 2026-01-01 00:00:39 UTC" in side, path
                 assert page.locator("[data-testid='stException']").count() == 0, path
                 errors = page.locator("[data-testid='stAlertContentError']")
                 assert errors.count() == 0, (path, errors.all_inner_texts())
+        finally:
+            browser.close()
+
+
+def test_the_window_survives_navigation_and_a_link(server: str) -> None:
+    """The sidebar's window is in the URL: a link opens on it, and it stays when the person
+    moves to another page through the navigation."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            sidebar = page.locator("[data-testid='stSidebar']")
+            page.goto(f"{server}/?window=all", wait_until="domcontentloaded")
+            sidebar.get_by_text("Showing requests over the whole store.").wait_for(timeout=30_000)
+            sidebar.get_by_role("link", name="Slow requests").click()
+            page.get_by_role("heading", name="Slow requests", exact=True).wait_for(timeout=30_000)
+            try:
+                page.get_by_text("Top cause").first.wait_for(timeout=30_000)
+            finally:
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "window-after-navigation.png"), full_page=True)
+            assert "Showing requests over the whole store." in sidebar.inner_text()
+            page.wait_for_function("location.search.includes('window=all')", timeout=10_000)
+            page.goto(f"{server}/slow", wait_until="domcontentloaded")
+            sidebar.get_by_text("Showing requests between").wait_for(timeout=30_000)
         finally:
             browser.close()
