@@ -1,0 +1,455 @@
+"""Incremental refresh (measure only): what a refresh by slices of event time costs on a large
+store of continuous traffic, against a full rebuild, and where the time goes.
+
+The store: one virtual-time testbed run of ``--base`` requests (``hot_prefix``, 8 replicas,
+8 requests/s of virtual time, through the real SDK encoder and the collector's decoder, as in
+``analysis_scaling.py``) laid end to end: each copy starts ``--gap-s`` seconds after the previous
+one ends, on the same replicas, with its own trace, request and run ids, so the store is hours of
+continuous traffic, and a slice's windows (prefix blocks, in-flight work, windowed summaries)
+reach across copies. Requests are taken in start order, so "the next 1 %" is the traffic right
+after the store's newest request.
+
+For each size it prints:
+
+1. **backfill**: a full rebuild of every relation over the store (``_relations.refresh``,
+   what ``Store.refresh`` does on a store without relations), relation by relation;
+2. **storage**: the checkpointed file with raw rows only and with the relations, per million
+   requests;
+3. **steady state**: ``--steps`` times, the next 1 % of requests appended with ``Store.append``
+   and ``Store(..., incremental=True).refresh()`` timed, with the slice's plan (t0, the region it
+   reads, whether a partition became final);
+4. **one slice refresh timed step by step**: a copy of ``audit._incremental.refresh``'s loop
+   (same helpers, same statements, committed) timing each relation's ``create temp``, the owned
+   key sets and each stored table's delete + insert, and how many of the region's requests the
+   slice owns (the rest are context, computed and dropped);
+5. on the smaller store also 10 % appended at once, and the ratios of refresh time to new rows
+   and to store size.
+
+    python3 benchmarks/incremental_refresh.py --requests 100000            # a few minutes
+    python3 benchmarks/incremental_refresh.py --keep /tmp/incr             # 1M and 100k
+    python3 benchmarks/incremental_refresh.py --keep /tmp/incr --reuse     # rebuild from the kept raw
+
+``--keep DIR`` keeps the generated run and each size's raw-only store (``raw_<n>.duckdb``);
+``--reuse`` starts from them instead of generating and tiling again. Each measurement works on a
+copy, so a kept raw store stays as built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from analysis_scaling import generate  # noqa: E402
+
+from audit import _incremental, _relations  # noqa: E402
+from audit._store import Store, _record_refresh, _tune  # noqa: E402
+
+_ID_COLUMNS = ("a_request_id", "a_gen_ai_request_id", "a_router_request_id", "a_rid")
+_RUN_COLUMNS = ("a_run_id", "r_run_id")
+_SPAN_NS = ("start_ns", "end_ns", "received_ns", "a_decision_time_ns")
+_EVENT_NS = ("time_ns", "c_telemetry_ts_ns")
+GIB = 2**30
+
+
+class Traffic:
+    """Continuous traffic made of copies of one run: request ``i`` is request ``i % B`` (in start
+    order) of copy ``i // B``, shifted by ``i // B`` run lengths plus gaps."""
+
+    def __init__(self, base: Path, gap_s: float) -> None:
+        self.con = duckdb.connect()
+        self.con.execute(f"attach '{base}' as base (read_only)")
+        self.con.execute("create table spans as select * from base.raw_spans")
+        self.con.execute("create table events as select * from base.raw_span_events")
+        self.con.execute("detach base")
+        # one trace per request in the testbed's runs: rank traces by their first start
+        self.con.execute("create table ranks as select trace_id, row_number() over "
+                         "(order by min(start_ns), trace_id) - 1 as rnk from spans group by trace_id")
+        self.per_copy = int(self.con.execute("select count(*) from ranks").fetchall()[0][0])
+        lo, hi = self.con.execute("select min(start_ns), max(end_ns) from spans").fetchall()[0]
+        self.shift = int(hi - lo + gap_s * 1e9)
+
+    def _copy_sql(self, k: int, lo: int, hi: int, events: bool) -> str:
+        """Ranks [lo, hi) of copy k."""
+        tag = f"-t{k}"
+        trace = f"md5(trace_id || '{tag}')" if k else "trace_id"
+        pick = f"semi join (select trace_id from ranks where rnk >= {lo} and rnk < {hi}) using (trace_id)"
+        if events:
+            repl = [f"{trace} as trace_id"] + [f"{c} + {k * self.shift} as {c}" for c in _EVENT_NS]
+            return f"select * replace ({', '.join(repl)}) from events {pick}"
+        if not k:
+            return f"select * from spans {pick}"
+        repl = [f"{trace} as trace_id"] + [f"{c} + {k * self.shift} as {c}" for c in _SPAN_NS]
+        repl += [f"{c} || '{tag}' as {c}" for c in _RUN_COLUMNS]
+        # request ids are '<run_id>:<n>': keep the run prefix consistent with the run columns
+        repl += [f"replace({c}, coalesce(r_run_id, a_run_id) || ':', "
+                 f"coalesce(r_run_id, a_run_id) || '{tag}:') as {c}" for c in _ID_COLUMNS]
+        return f"select * replace ({', '.join(repl)}) from spans {pick}"
+
+    def pieces(self, first: int, last: int) -> list[tuple[int, int, int]]:
+        """(copy, rank from, rank to) covering requests [first, last)."""
+        out = []
+        i = first
+        while i < last:
+            k, r = divmod(i, self.per_copy)
+            upto = min(self.per_copy, r + (last - i))
+            out.append((k, r, upto))
+            i += upto - r
+        return out
+
+    def arrow(self, first: int, last: int) -> tuple[pa.Table, pa.Table]:
+        """Spans and events of requests [first, last), as Arrow tables for ``Store.append``."""
+        spans, events = [], []
+        for k, lo, hi in self.pieces(first, last):
+            spans.append(self.con.sql(self._copy_sql(k, lo, hi, False)).to_arrow_table())
+            events.append(self.con.sql(self._copy_sql(k, lo, hi, True)).to_arrow_table())
+        return pa.concat_tables(spans), pa.concat_tables(events)
+
+    def write_raw(self, path: Path, n: int) -> float:
+        """A store at ``path`` holding requests [0, n), raw tables only (relations not built)."""
+        t = time.perf_counter()
+        for p in (path, Path(f"{path}.wal")):
+            p.unlink(missing_ok=True)
+        empty = Store(path)  # the raw DDL, routeaudit_meta, the marks table, empty relations
+        empty.close()
+        self.con.execute(f"attach '{path}' as dst")
+        try:
+            for j, (k, lo, hi) in enumerate(self.pieces(0, n)):
+                self.con.execute(f"insert into dst.raw_spans by name {self._copy_sql(k, lo, hi, False)}")
+                self.con.execute(f"insert into dst.raw_span_events by name {self._copy_sql(k, lo, hi, True)}")
+                print(f"  copy {j + 1}", end="\r", file=sys.stderr, flush=True)
+            # the relations (built empty) no longer hold what the store does
+            self.con.execute("delete from dst.routeaudit_meta where key = 'relations_spans'")
+            self.con.execute("delete from dst.routeaudit_dirty")
+            self.con.execute("checkpoint dst")
+        finally:
+            self.con.execute("detach dst")
+        return time.perf_counter() - t
+
+
+def file_bytes(path: Path) -> int:
+    wal = Path(f"{path}.wal")
+    return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+
+
+def backfill(path: Path) -> tuple[float, list[tuple[str, float]]]:
+    """A full rebuild (``_relations.refresh`` as ``Store.refresh`` runs it), relation by relation."""
+    con = duckdb.connect(os.fspath(path))
+    _tune(con)
+    out: list[tuple[str, float]] = []
+    t = time.perf_counter()
+    _relations.refresh(con, on_built=lambda rel, kind, s: out.append((rel.name, s)),
+                       before_commit=_record_refresh)
+    total = time.perf_counter() - t
+    con.execute("checkpoint")
+    con.close()
+    return total, out
+
+
+@dataclass
+class Step:
+    new_requests: int
+    append_s: float
+    refresh_s: float
+    kind: str
+    plan: _incremental.Plan | None
+    newest_ns: int
+
+
+@dataclass
+class Breakdown:
+    """One slice refresh timed step by step."""
+
+    plan: _incremental.Plan | None = None
+    stages: list[tuple[str, float]] = field(default_factory=list)
+    relations: list[tuple[str, float]] = field(default_factory=list)
+    writes: list[tuple[str, float, int, int]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    total_s: float = 0.0
+
+
+def timed_slice_refresh(con: duckdb.DuckDBPyConnection) -> Breakdown:
+    """``audit._incremental.refresh`` with each statement timed: the same helpers and the same
+    statements in the same order (kept in step with that function by hand), committed."""
+    bd = Breakdown()
+    rels = _relations.load_relations()
+    as_views = _relations.views(rels)
+    cached = set(_relations.cached(rels))
+    db = con.execute("select current_database()").fetchall()[0][0]
+    main = f'"{db}".main'
+    started = time.perf_counter()
+
+    def stage(name: str, t: float) -> float:
+        now = time.perf_counter()
+        bd.stages.append((name, now - t))
+        return now
+
+    con.execute("begin transaction")
+    try:
+        t = time.perf_counter()
+        parts = _incremental.Partitioning.read(con)
+        pl = bd.plan = _incremental.plan(con, parts)
+        if pl is None:
+            con.execute("rollback")
+            return bd
+        spans = int(con.execute("select count(*) from raw_spans").fetchall()[0][0])
+        _incremental._restrict_raw(con, db, pl, parts)
+        t = stage("plan + restricted raw views", t)
+        for rel in rels:
+            kind = "view" if rel.name in as_views else "table"
+            body = rel.sql.strip().rstrip(";")
+            r0 = time.perf_counter()
+            con.execute(f"create or replace temp {kind} {rel.name} as\n{body}")
+            bd.relations.append((f"{rel.name} ({kind})", time.perf_counter() - r0))
+        t = stage("relations over the region (create temp)", t)
+        t0 = pl.t0_ns
+        for side, schema in (("old", main), ("new", "temp.main")):
+            con.execute(f"create or replace temp table _owned_{side}_requests as "
+                        f"select request_key from {schema}.requests where anchor_ns >= {t0}")
+            con.execute(f"create or replace temp table _owned_{side}_decisions as "
+                        f"select decision_key from {schema}.int_attr_decisions_resolved "
+                        f"where request_key in (select request_key from _owned_{side}_requests)")
+            con.execute(f"create or replace temp table _owned_{side}_traces as "
+                        f"select distinct trace_id from {schema}.int_spans_clock_corrected "
+                        f"where request_key in (select request_key from _owned_{side}_requests)")
+            con.execute(f"create or replace temp table _owned_{side}_spans as "
+                        f"select span_id from {schema}.executions "
+                        f"where request_key in (select request_key from _owned_{side}_requests)")
+            t = stage(f"owned key sets ({side})", t)
+        # how much of the region the slice owns (outside the timed statements)
+        c0 = time.perf_counter()
+        q = con.execute
+        bd.counts["region_spans"] = int(q("select count(*) from temp.main.raw_spans").fetchall()[0][0])
+        bd.counts["region_requests"] = int(q("select count(*) from temp.main.requests").fetchall()[0][0])
+        bd.counts["owned_requests"] = int(q("select count(*) from _owned_new_requests").fetchall()[0][0])
+        bd.counts["stored_owned_requests"] = int(q("select count(*) from _owned_old_requests").fetchall()[0][0])
+        bd.counts["region_candidates"] = int(q("select count(*) from temp.main.int_attr_decisions_resolved")
+                                             .fetchall()[0][0])
+        counting_s = time.perf_counter() - c0
+        t = time.perf_counter()
+        stored = {r[0] for r in con.execute(
+            "select table_name from information_schema.tables "
+            "where table_catalog = current_database() and table_schema = 'main' "
+            "and table_type = 'BASE TABLE'").fetchall()}
+        for rel in rels:
+            targets: list[str] = []
+            if rel.name not in as_views and rel.name in stored:
+                targets.append(rel.name)
+            if rel.name in cached and rel.name + _relations.CACHE_SUFFIX in stored:
+                targets.append(rel.name + _relations.CACHE_SUFFIX)
+            for table in targets:
+                w0 = time.perf_counter()
+                cols = _incremental._columns(con, f"{main}.{table}")
+                kind = _incremental._ownership(cols)
+                names = ", ".join(f'"{c}"' for c in cols)
+                deleted = con.execute(f"delete from {main}.{table} "
+                                      f"where {_incremental._owned(kind, 'old', t0, parts)} "
+                                      f"or {_incremental._owned(kind, 'new', t0, parts)}").fetchall()[0][0]
+                inserted = con.execute(f"insert into {main}.{table} ({names}) "
+                                       f"select {names} from temp.main.{rel.name} "
+                                       f"where {_incremental._owned(kind, 'new', t0, parts)}").fetchall()[0][0]
+                bd.writes.append((f"{table} [{kind}]", time.perf_counter() - w0, int(deleted), int(inserted)))
+        t = stage("delete + insert the owned rows", t)
+        con.execute(f"delete from {main}.{_incremental.DIRTY_TABLE}")
+        _record_refresh(con, spans)
+        con.execute("commit")
+        stage("commit", t)
+    except BaseException:
+        con.execute("rollback")
+        raise
+    finally:
+        _incremental._drop_temp(con)
+    bd.total_s = time.perf_counter() - started - counting_s
+    return bd
+
+
+def watch_plans() -> list[_incremental.Plan]:
+    """Record every plan ``audit._incremental.refresh`` makes (it calls the module's ``plan``)."""
+    seen: list[_incremental.Plan] = []
+    original = _incremental.plan
+
+    def recording(con: duckdb.DuckDBPyConnection, parts: _incremental.Partitioning) -> Any:
+        pl = original(con, parts)
+        if pl is not None:
+            seen.append(pl)
+        return pl
+
+    _incremental.plan = recording
+    return seen
+
+
+PLANS = watch_plans()
+
+
+def newest_ns(store: Store) -> int:
+    return int(store._con.execute("select max(start_ns) from raw_spans").fetchall()[0][0])
+
+
+def step(store: Store, traffic: Traffic, first: int, last: int) -> Step:
+    spans, events = traffic.arrow(first, last)
+    t = time.perf_counter()
+    store.append(spans=spans, events=events)
+    append_s = time.perf_counter() - t
+    before = len(PLANS)
+    refresh_s = store.refresh()
+    pl = PLANS[-1] if len(PLANS) > before else None
+    return Step(last - first, append_s, refresh_s, store.last_refresh_kind, pl, newest_ns(store))
+
+
+def plan_text(pl: _incremental.Plan | None, newest: int, parts: _incremental.Partitioning) -> str:
+    if pl is None:
+        return "no plan"
+    fin = "" if pl.finalising is None else (
+        f", finalising the partition starting {(newest - pl.finalising * parts.partition_ns) / 1e9:,.0f} s "
+        "before the newest span")
+    return (f"t0 = newest − {(newest - pl.t0_ns) / 1e9:,.0f} s, read_from = newest − "
+            f"{(newest - pl.read_from_ns) / 1e9:,.0f} s (region {(newest - pl.read_from_ns) / 1e9:,.0f} s, "
+            f"owned {(newest - pl.t0_ns) / 1e9:,.0f} s), {pl.dirty_rows:,} marks{fin}")
+
+
+def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_step: bool,
+            top: int) -> dict[str, Any]:
+    res: dict[str, Any] = {"n": n}
+    for p in (work, Path(f"{work}.wal")):
+        p.unlink(missing_ok=True)
+    shutil.copyfile(raw, work)
+    res["raw_bytes"] = file_bytes(work)
+    print(f"\n[{n:,} requests] raw store {res['raw_bytes'] / 2**20:,.0f} MiB "
+          f"({res['raw_bytes'] / n * 1e6 / GIB:.2f} GiB per million requests)", flush=True)
+    res["backfill_s"], rels = backfill(work)
+    res["total_bytes"] = file_bytes(work)
+    derived = res["total_bytes"] - res["raw_bytes"]
+    print(f"  backfill (full rebuild, every relation): {res['backfill_s']:.1f} s; load {os.getloadavg()[0]:.1f}")
+    for name, s in sorted(rels, key=lambda r: -r[1])[:top]:
+        print(f"    {name:<40} {s:7.2f} s  {s / res['backfill_s']:6.1%}")
+    print(f"  storage after checkpoint: {res['total_bytes'] / GIB:.2f} GiB = raw {res['raw_bytes'] / GIB:.2f} "
+          f"+ derived {derived / GIB:.2f}; per million requests {res['total_bytes'] / n * 1e6 / GIB:.2f} GiB "
+          f"(raw {res['raw_bytes'] / n * 1e6 / GIB:.2f}, derived {derived / n * 1e6 / GIB:.2f})", flush=True)
+
+    store = Store(work, incremental=True)
+    try:
+        parts = _incremental.Partitioning.read(store._con)
+        one = max(1, n // 100)
+        at = n
+        res["steps"] = []
+        for _ in range(steps):
+            st = step(store, traffic, at, at + one)
+            at += one
+            res["steps"].append(st)
+            print(f"  +1 % ({st.new_requests:,} requests): append {st.append_s:.2f} s, "
+                  f"refresh {st.refresh_s:.2f} s [{st.kind}]; load {os.getloadavg()[0]:.1f}\n"
+                  f"      {plan_text(st.plan, st.newest_ns, parts)}", flush=True)
+        # one more 1 %, refreshed by the timed copy of the loop
+        spans, events = traffic.arrow(at, at + one)
+        at += one
+        store.append(spans=spans, events=events)
+        cur = store._con.cursor()
+        try:
+            bd = timed_slice_refresh(cur)
+        finally:
+            cur.close()
+        store._dirty = False  # refreshed above, not through the store
+        res["breakdown"] = bd
+        newest = newest_ns(store)
+        print(f"  +1 % refreshed step by step: {bd.total_s:.2f} s\n      {plan_text(bd.plan, newest, parts)}")
+        c = bd.counts
+        if c:
+            print(f"      region: {c['region_spans']:,} raw spans, {c['region_requests']:,} requests recomputed, "
+                  f"{c['owned_requests']:,} owned (anchor ≥ t0; "
+                  f"{c['owned_requests'] / max(1, c['region_requests']):.0%}), "
+                  f"{one:,} new; {c['stored_owned_requests']:,} stored rows replaced; "
+                  f"{c['region_candidates']:,} decisions in the region")
+        for name, s in bd.stages:
+            print(f"    {name:<44} {s:7.2f} s  {s / bd.total_s:6.1%}")
+        print("    slowest relations (create temp over the region):")
+        for name, s in sorted(bd.relations, key=lambda r: -r[1])[:top]:
+            print(f"      {name:<48} {s:7.3f} s")
+        print("    slowest writes (delete + insert into the stored table):")
+        for name, s, d, ins in sorted(bd.writes, key=lambda r: -r[1])[:top]:
+            print(f"      {name:<48} {s:7.3f} s  −{d:,} +{ins:,} rows")
+        if big_step:
+            st = step(store, traffic, at, at + n // 10)
+            at += n // 10
+            res["big"] = st
+            print(f"  +10 % ({st.new_requests:,} requests): append {st.append_s:.2f} s, "
+                  f"refresh {st.refresh_s:.2f} s [{st.kind}]; load {os.getloadavg()[0]:.1f}\n"
+                  f"      {plan_text(st.plan, st.newest_ns, parts)}", flush=True)
+    finally:
+        store.close()
+    res["end_bytes"] = file_bytes(work)
+    print(f"  file after the incremental refreshes and a checkpoint: {res['end_bytes'] / GIB:.2f} GiB")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=1_000_000, help="requests in the large store")
+    ap.add_argument("--compare", type=int, default=100_000,
+                    help="a smaller store measured the same way, with a 10 %% step (0: none)")
+    ap.add_argument("--base", type=int, default=10_000, help="requests in the generated run")
+    ap.add_argument("--gap-s", type=float, default=5.0, help="seconds between copies of the run")
+    ap.add_argument("--steps", type=int, default=3, help="1 %% steps timed")
+    ap.add_argument("--keep", default=None, help="folder for the run and the raw stores (default: temp)")
+    ap.add_argument("--reuse", action="store_true", help="reuse the run and raw stores in --keep")
+    ap.add_argument("--top", type=int, default=10, help="relations listed")
+    args = ap.parse_args()
+    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ra-incremental-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} cores; "
+          f"DuckDB {duckdb.__version__}; load {os.getloadavg()}")
+    base = folder / f"run_{args.base}.duckdb"
+    if not (args.reuse and base.exists()):
+        for p in (base, Path(f"{base}.wal")):
+            p.unlink(missing_ok=True)
+        g = generate(base, args.base, 4096)
+        print(f"generated a {args.base:,}-request run ({g['spans']:,} spans) in {g['generate_s']:.1f} s")
+    traffic = Traffic(base, args.gap_s)
+    print(f"continuous traffic: copies of {traffic.per_copy:,} requests, {traffic.shift / 1e9:,.0f} s apart")
+    sizes = sorted({args.requests} | ({args.compare} if args.compare else set()))
+    results = []
+    for n in sizes:
+        raw = folder / f"raw_{n}.duckdb"
+        if not (args.reuse and raw.exists()):
+            s = traffic.write_raw(raw, n)
+            print(f"[{n:,} requests] raw store written in {s:.1f} s", flush=True)
+        results.append(measure(raw, folder / f"work_{n}.duckdb", n, traffic, args.steps,
+                               big_step=(n == min(sizes)), top=args.top))
+    print("\nsummary (refresh s after appending; median of the 1 % steps)")
+    print("  requests | backfill s | 1 % new: refresh s | s per 1k new | 10 % new: refresh s | GiB per 1M")
+    med: dict[int, float] = {}
+    for r in results:
+        ts = sorted(s.refresh_s for s in r["steps"])
+        med[r["n"]] = ts[len(ts) // 2]
+        big = r.get("big")
+        print(f"  {r['n']:>9,} | {r['backfill_s']:9.1f} | {med[r['n']]:8.2f} ({', '.join(f'{t:.2f}' for t in ts)}) | "
+              f"{med[r['n']] / (r['n'] / 100) * 1000:7.3f} | "
+              f"{'' if big is None else f'{big.refresh_s:8.2f}'} | {r['total_bytes'] / r['n'] * 1e6 / GIB:.2f}")
+    small = results[0]
+    if small.get("big") is not None:
+        print(f"  at {small['n']:,}: 10 % / 1 % refresh = {small['big'].refresh_s / med[small['n']]:.2f} "
+              "(new rows ×10)")
+    if len(results) > 1:
+        a, b = results[0], results[-1]
+        print(f"  1 % at {b['n']:,} / 1 % at {a['n']:,} = {med[b['n']] / med[a['n']]:.2f} "
+              f"(new rows ×{b['n'] // a['n']}, history ×{b['n'] // a['n']})")
+        if a.get("big") is not None:
+            print(f"  1 % at {b['n']:,} / 10 % at {a['n']:,} (same new rows) = "
+                  f"{med[b['n']] / a['big'].refresh_s:.2f} (history ×{b['n'] // a['n']})")
+    print(f"load at the end {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
