@@ -15,6 +15,7 @@ from audit._errors import (
     ReadOnlyError,
     StoreError,
 )
+from audit._incremental import Retained
 from audit._readonly import QueryCancel, QueryLimits
 from audit._reads import Reads
 from audit._slo import SLO, load_slo
@@ -25,6 +26,7 @@ __all__ = [
     "Reader",
     "Reads",
     "Store",
+    "Retained",
     "SLO",
     "load_slo",
     "sidecar_path",

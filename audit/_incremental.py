@@ -121,16 +121,23 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
         # Partitions the watermark has passed (end + longest request) whose rows are not final
         # yet: recomputed once, then marked final by the SQL.
         watermark = int(newest) - parts.lateness_ns
+        floor = _slice_floor(con, parts)
         row = con.execute(
             "select min(part) from requests where not verdict_final "
-            "and (part + 1) * ? + ? <= ?",
-            [parts.partition_ns, parts.max_request_ns, watermark]).fetchall()[0][0]
+            "and (part + 1) * ? + ? <= ? and anchor_ns >= ?",
+            [parts.partition_ns, parts.max_request_ns, watermark,
+             floor if floor is not None else -(2**62)]).fetchall()[0][0]
         if row is not None:
             finalising = int(row)
             start = finalising * parts.partition_ns
             t0 = start if t0 is None else min(t0, start)
     if t0 is None:
         return None
+    floor = _slice_floor(con, parts)
+    if floor is not None and t0 < floor:
+        # retention deleted the raw rows such a slice would read: rows anchored before the
+        # floor keep the verdicts they have
+        t0 = floor
     # Windowed summaries of t0's partition read the window_partitions before it; a decision
     # reads its replicas' recent past (LOOKBACK_NS); both from the same region.
     # (a span of a request anchored at t0 may start SKEW_NS earlier on its own clock, in the
@@ -138,6 +145,15 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
     window_from = parts.start_of(t0 - SKEW_NS) - parts.window_partitions * parts.partition_ns
     read_from = min(window_from, t0 - LOOKBACK_NS - SKEW_NS)
     return Plan(t0, read_from, int(dirty_rows), finalising)
+
+
+def _slice_floor(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> int | None:
+    """The oldest t0 whose slice still has every raw row it reads, after retention."""
+    kept = raw_kept_from(con)
+    if kept is None:
+        return None
+    reach = max(LOOKBACK_NS + SKEW_NS, (parts.window_partitions + 2) * parts.partition_ns)
+    return kept + reach
 
 
 def _restrict_raw(cur: duckdb.DuckDBPyConnection, db: str, pl: Plan, parts: Partitioning) -> None:
@@ -295,3 +311,109 @@ def _drop_temp(con: duckdb.DuckDBPyConnection) -> None:
 
 def now_ns() -> int:
     return time.time_ns()
+
+
+@dataclass(frozen=True)
+class Retained:
+    """What :func:`drop_before` removed, and from when the store now holds rows (Unix ns)."""
+
+    raw_from_ns: int | None
+    verdicts_from_ns: int | None
+    spans_deleted: int
+    requests_deleted: int
+
+
+RAW_KEPT_FROM: Final = "raw_kept_from_ns"
+"""routeaudit_meta key: raw rows older than this were deleted by retention; slices never reach
+back before it (their windows would read rows that are gone)."""
+
+
+def _derived_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    rels = _relations.load_relations()
+    as_views = _relations.views(rels)
+    cached = set(_relations.cached(rels))
+    stored = {r[0] for r in con.execute(
+        "select table_name from information_schema.tables "
+        "where table_catalog = current_database() and table_schema = 'main' "
+        "and table_type = 'BASE TABLE'").fetchall()}
+    out: list[str] = []
+    for rel in rels:
+        if rel.name not in as_views and rel.name in stored:
+            out.append(rel.name)
+        if rel.name in cached and rel.name + _relations.CACHE_SUFFIX in stored:
+            out.append(rel.name + _relations.CACHE_SUFFIX)
+    return out
+
+
+def drop_before(con: duckdb.DuckDBPyConnection, *, raw_keep_ns: int | None,
+                verdicts_keep_ns: int | None) -> Retained:
+    """Delete whole partitions older than the newest event time minus ``raw_keep_ns`` (raw rows)
+    and minus ``verdicts_keep_ns`` (derived rows), in one transaction; None keeps everything.
+
+    Time is the store's own (its newest span start), not the wall clock, so a replay of old
+    traffic is not emptied. Raw rows go by their own start (a trace straddling the cut loses
+    its older spans); derived rows by the anchor of their request (or their partition, or
+    scrape time), the same ownership a slice uses."""
+    con.execute("begin transaction")
+    try:
+        parts = Partitioning.read(con)
+        newest = con.execute("select max(start_ns) from raw_spans").fetchall()[0][0]
+        raw_cut = verdict_cut = None
+        spans_deleted = requests_deleted = 0
+        if newest is not None and raw_keep_ns is not None:
+            raw_cut = parts.start_of(int(newest) - raw_keep_ns)
+            con.execute("delete from raw_span_events where (trace_id, span_id) in "
+                        "(select trace_id, span_id from raw_spans where start_ns < ?)", [raw_cut])
+            spans_deleted = int(con.execute(
+                "delete from raw_spans where start_ns < ?", [raw_cut]).fetchall()[0][0])
+            con.execute("delete from raw_snapshots where scraped_ns < ?", [raw_cut])
+            # the relations had read the deleted spans: their count of spans read follows
+            con.execute("update routeaudit_meta set value = cast(greatest(0, try_cast(value as "
+                        "bigint) - ?) as varchar) where key = 'relations_spans'", [spans_deleted])
+            con.execute(f"delete from {DIRTY_TABLE} where start_ns < ?", [raw_cut])
+            kept = con.execute("select value from routeaudit_meta where key = ?",
+                               [RAW_KEPT_FROM]).fetchall()
+            if not kept or int(kept[0][0]) < raw_cut:
+                con.execute("insert or replace into routeaudit_meta values (?, ?)",
+                            [RAW_KEPT_FROM, str(raw_cut)])
+        if newest is not None and verdicts_keep_ns is not None:
+            verdict_cut = parts.start_of(int(newest) - verdicts_keep_ns)
+            con.execute("create or replace temp table _owned_old_requests as "
+                        f"select request_key from main.requests where anchor_ns < {verdict_cut}")
+            requests_deleted = int(con.execute(
+                "select count(*) from _owned_old_requests").fetchall()[0][0])
+            con.execute("create or replace temp table _owned_old_decisions as "
+                        "select decision_key from main.int_attr_decisions_resolved "
+                        "where request_key in (select request_key from _owned_old_requests)")
+            con.execute("create or replace temp table _owned_old_traces as "
+                        "select distinct trace_id from main.int_spans_clock_corrected "
+                        "where request_key in (select request_key from _owned_old_requests)")
+            con.execute("create or replace temp table _owned_old_spans as "
+                        "select span_id from main.executions "
+                        "where request_key in (select request_key from _owned_old_requests)")
+            for table in _derived_tables(con):
+                kind = _ownership(_columns(con, f"main.{table}"))
+                if kind == "whole":
+                    continue
+                if kind == "part":
+                    where = f"part < {verdict_cut // parts.partition_ns}"
+                elif kind == "scraped_ns":
+                    where = f"scraped_ns < {verdict_cut}"
+                elif kind == "scraped_at":
+                    where = f"epoch_ns(scraped_at) < {verdict_cut}"
+                else:
+                    where = _owned(kind, "old", 0, parts)
+                con.execute(f"delete from main.{table} where {where}")
+        con.execute("commit")
+    except BaseException:
+        con.execute("rollback")
+        raise
+    finally:
+        _drop_temp(con)
+    return Retained(raw_cut, verdict_cut, spans_deleted, requests_deleted)
+
+
+def raw_kept_from(con: duckdb.DuckDBPyConnection) -> int | None:
+    """Where retention cut the raw rows (None: nothing deleted)."""
+    rows = con.execute("select value from routeaudit_meta where key = ?", [RAW_KEPT_FROM]).fetchall()
+    return int(rows[0][0]) if rows else None

@@ -222,6 +222,30 @@ class Store:
                 self.last_refresh_s = time.perf_counter() - started
             return self.last_refresh_s
 
+    def retain(self, *, raw_s: float | None = None, verdicts_s: float | None = None) -> _incremental.Retained:
+        """Delete whole partitions of raw rows older than ``raw_s`` seconds and of derived rows
+        older than ``verdicts_s`` seconds before the newest span (None keeps them), online: see
+        :func:`audit._incremental.drop_before`. A refresh never recomputes time whose raw rows
+        are gone; derived rows kept longer than raw ones stay as they were last computed."""
+        for name, value in (("raw_s", raw_s), ("verdicts_s", verdicts_s)):
+            if value is not None and not value > 0:
+                raise StoreError(f"{name} must be a number of seconds > 0, got {value!r}")
+        with self._refresh_lock:
+            cur = self._con.cursor()
+            try:
+                done = _incremental.drop_before(
+                    cur, raw_keep_ns=None if raw_s is None else int(raw_s * 1e9),
+                    verdicts_keep_ns=None if verdicts_s is None else int(verdicts_s * 1e9))
+            finally:
+                cur.close()
+            if done.spans_deleted:
+                with self._lock:
+                    self._spans_stored -= done.spans_deleted
+                if self._spans_in_relations is not None:
+                    # the deleted spans had been read by the relations (the store's count too)
+                    self._spans_in_relations = max(0, self._spans_in_relations - done.spans_deleted)
+            return done
+
     def _slices_apply(self) -> bool:
         """Whether this refresh can recompute slices: relations of this version already built
         from this process's view of the store, and slices chosen (or the store large enough)."""

@@ -10,7 +10,25 @@ from __future__ import annotations
 import argparse
 from typing import Any, Final
 
-_FLAGS: Final[tuple[tuple[str, str, type, str, str], ...]] = (
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``12h`` or ``7d`` (a command-line type)."""
+    t = text.strip().lower()
+    scale = _UNITS.get(t[-1:], None)
+    number = t[:-1] if scale is not None else t
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad duration {text!r} (a number with s, m, h or d, e.g. 7d)") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a duration must be > 0, got {text!r}")
+    return value
+
+
+_FLAGS: Final[tuple[tuple[str, str, Any, str, str], ...]] = (
     # flag, CollectorConfig field, type, metavar, help
     ("--queue-max-spans", "queue_max_spans", int, "N",
      "spans waiting for the writer; beyond, exports are refused with 429 (default 100,000)"),
@@ -57,6 +75,12 @@ _FLAGS: Final[tuple[tuple[str, str, type, str, str], ...]] = (
      "rows a query's answer may hold; beyond, it is stopped (default 5,000,000)"),
     ("--query-max-bytes", "query_max_bytes", int, "N",
      "bytes a query's answer may hold; beyond, it is stopped (default 1 GiB)"),
+    ("--retain-raw", "retain_raw_s", duration, "DURATION",
+     "keep raw spans, events and scrapes this long behind the newest span, e.g. 7d; older whole "
+     "partitions are deleted while running (default: keep everything)"),
+    ("--retain-verdicts", "retain_verdicts_s", duration, "DURATION",
+     "keep requests, decisions, attributions and the other derived rows this long behind the "
+     "newest span, e.g. 90d (default: keep everything)"),
     ("--log-repeat-interval", "log_repeat_interval_s", float, "S",
      "the same warning is logged at most once per this many seconds, with a count (default 10)"),
 )

@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from audit import QueryLimits, Store, StoreError, sidecar_path
+from audit import QueryLimits, Retained, Store, StoreError, sidecar_path
 from collectors.otlp._errors import QueueFull, StartError, WriterUnavailable
 from collectors.otlp._export import Exporter
 from collectors.otlp._grpc import GrpcLimits, GrpcReceiver, GrpcServer
@@ -36,6 +36,9 @@ from collectors.otlp._writer import Writer
 from collectors.otlp.config import CollectorConfig
 
 log = logging.getLogger("routeaudit.collector")
+
+RETENTION_INTERVAL_S = 60.0
+"""How often the retention flags are applied (whole partitions go, so more often gains little)."""
 
 _OPEN_LOCK = threading.Lock()
 _OPEN_STORES: set[str] = set()
@@ -67,6 +70,8 @@ class Collector:
         self._scraper: Any = None
         self._refresher: threading.Thread | None = None
         self._refresh_stop = threading.Event()
+        self._last_retention = float("-inf")
+        self._retained: Retained | None = None
         self._sidecar: Path | None = None
         self._started_ns = 0
         self._store_key: str | None = None
@@ -262,6 +267,28 @@ class Collector:
                 self.metrics.inc("background_refresh_failures")
                 log.warning("refreshing the relations failed (next attempt in %.0f s): %s",
                             store.refresh_gap_s, one_line(exc))
+            self._retain(store)
+
+    def _retain(self, store: Store) -> None:
+        """Apply the retention flags, at most once per :data:`RETENTION_INTERVAL_S`."""
+        cfg = self.config
+        if cfg.retain_raw_s is None and cfg.retain_verdicts_s is None:
+            return
+        now = time.monotonic()
+        if now - self._last_retention < RETENTION_INTERVAL_S:
+            return
+        self._last_retention = now
+        try:
+            done = store.retain(raw_s=cfg.retain_raw_s, verdicts_s=cfg.retain_verdicts_s)
+        except Exception as exc:  # retention must not stop ingest either
+            self.metrics.inc("retention_failures")
+            log.warning("retention failed (next attempt in %.0f s): %s",
+                        RETENTION_INTERVAL_S, one_line(exc))
+            return
+        self.metrics.inc("retention_runs")
+        self.metrics.inc("retention_spans_deleted", done.spans_deleted)
+        self.metrics.inc("retention_requests_deleted", done.requests_deleted)
+        self._retained = done
 
     def _shutdown(self) -> None:
         self._refresh_stop.set()
@@ -343,6 +370,9 @@ class Collector:
             # spans stored but not yet in the relations (null: the store cannot tell)
             "relations_lag_spans": (self._store.relations_lag_spans
                                     if self._store is not None else None),
+            # where retention last cut raw and derived rows (Unix ns; null: nothing cut yet)
+            "raw_kept_from_ns": self._retained.raw_from_ns if self._retained else None,
+            "verdicts_kept_from_ns": self._retained.verdicts_from_ns if self._retained else None,
             "counters": self.metrics.snapshot(),
         }
 

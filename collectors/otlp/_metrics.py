@@ -41,6 +41,10 @@ _COUNTERS = {
     "background_refresh_seconds": "Seconds spent in those rebuilds (its rate is the share of the time they take)",
     "background_refresh_pause_seconds": "Seconds the background refresher paused between its checks "
                                         "(the pacing that refresh_max_share and failures set)",
+    "retention_runs": "Times the retention flags were applied (at most once a minute)",
+    "retention_failures": "Retention runs that failed (retried a minute later)",
+    "retention_spans_deleted": "Raw spans deleted by --retain-raw",
+    "retention_requests_deleted": "Requests whose derived rows were deleted by --retain-verdicts",
     "spool_replayed_spans": "Spans replayed from the spool into the store at start "
                             "(acknowledged before a crash or stop)",
     "internal_errors": "Requests that hit a bug (answered 500 or treated as undecodable); should stay 0",

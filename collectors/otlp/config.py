@@ -180,6 +180,12 @@ class CollectorConfig:
     """Rows a read query's answer may hold (``DEFAULT_QUERY_MAX_ROWS``)."""
     query_max_bytes: int = DEFAULT_QUERY_MAX_BYTES
     """Arrow bytes a read query's answer may hold (``DEFAULT_QUERY_MAX_BYTES``)."""
+    retain_raw_s: float | None = None
+    """Keep raw rows (spans, events, scrapes) this many seconds behind the newest span; older
+    whole partitions are deleted while running (None: keep everything)."""
+    retain_verdicts_s: float | None = None
+    """Keep derived rows (requests, decisions, attributions...) this many seconds behind the
+    newest span (None: keep everything). May exceed ``retain_raw_s``."""
     """At most one line per this many seconds for the same warning (``DEFAULT_LOG_REPEAT_INTERVAL_S``)."""
     host: str | None = None
     """Shorthand for the command line: when given, sets both ``http_host`` and ``grpc_host``
@@ -251,6 +257,11 @@ class CollectorConfig:
             if (not isinstance(value, (int, float)) or isinstance(value, bool)
                     or not 0 < value < float("inf")):
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        for name in ("retain_raw_s", "retain_verdicts_s"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                      or not 0 < value < float("inf")):
+                raise ConfigError(f"{name} must be a duration > 0, got {value!r}")
         for name in ("allowed_hosts", "allowed_origins"):
             for item in getattr(self, name):
                 if not isinstance(item, str) or not item.strip() or any(c.isspace() for c in item):
