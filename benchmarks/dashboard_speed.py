@@ -113,6 +113,13 @@ def page_queries(reader: Any, slo: Any, w: Any) -> dict[str, Timed]:
     }
 
 
+def _rows(out: Any) -> int:
+    """Rows a query answered: a frame's height, a SlowPage's table, a dict's entries."""
+    if isinstance(out, dict):
+        return len(out)
+    return int(getattr(getattr(out, "requests", out), "height", 0))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", help="store to time (default: $ROUTEAUDIT_DB)")
@@ -175,9 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                     t = time.perf_counter()
                     out = fn()
                     times[name].append(time.perf_counter() - t)
-                    rows[name] = (len(out) if isinstance(out, dict)
-                                  else out.requests.height if isinstance(out, tuple)  # SlowPage
-                                  else getattr(out, "height", 0))
+                    rows[name] = _rows(out)
             cells = ""
             for name in names:
                 med = statistics.median(times[name])
