@@ -116,6 +116,19 @@ def test_store_range_and_window_counts(long_db: Path, final_db: Path) -> None:
     assert (final["final"], final["provisional"]) == (IN_LAST_HOUR - provisional, provisional)
 
 
+@pytest.mark.parametrize("column", ["verdict_final", "is_final"])
+def test_either_finality_column_splits_the_window(tmp_path: Path, long_db: Path,
+                                                  column: str) -> None:
+    path = tmp_path / "final.duckdb"
+    path.write_bytes(long_db.read_bytes())
+    con = duckdb.connect(str(path))
+    con.execute(f"alter table requests add column {column} boolean")
+    con.execute(f"update requests set {column} = request_id < 'req-000250'")
+    con.close()
+    counts = queries.window_counts(audit.open(path), LAST_HOUR).row(0, named=True)
+    assert (counts["final"], counts["provisional"]) == (250 - 239, 300 - 250)
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal answers (floats to 1e-9: parallel sums differ in the last bits)."""
     if isinstance(a, queries.SlowPage):
