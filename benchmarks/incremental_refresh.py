@@ -276,6 +276,26 @@ def timed_slice_refresh(con: duckdb.DuckDBPyConnection) -> Breakdown:
     return bd
 
 
+def empty_region_s(con: duckdb.DuckDBPyConnection) -> float:
+    """Every relation created over raw tables restricted to nothing, rolled back: what a slice
+    refresh costs whatever its rows (planning and running each of the statements)."""
+    db = con.execute("select current_database()").fetchall()[0][0]
+    rels = _relations.load_relations()
+    as_views = _relations.views(rels)
+    con.execute("begin transaction")
+    try:
+        t = time.perf_counter()
+        for raw in ("raw_spans", "raw_span_events", "raw_snapshots"):
+            con.execute(f'create or replace temp view {raw} as select * from "{db}".main.{raw} where false')
+        for rel in rels:
+            kind = "view" if rel.name in as_views else "table"
+            con.execute(f"create or replace temp {kind} {rel.name} as\n{rel.sql.strip().rstrip(';')}")
+        return time.perf_counter() - t
+    finally:
+        con.execute("rollback")
+        _incremental._drop_temp(con)
+
+
 def watch_plans() -> list[_incremental.Plan]:
     """Record every plan ``audit._incremental.refresh`` makes (it calls the module's ``plan``)."""
     seen: list[_incremental.Plan] = []
@@ -359,6 +379,7 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
         cur = store._con.cursor()
         try:
             bd = timed_slice_refresh(cur)
+            res["empty_region_s"] = empty_region_s(cur)
         finally:
             cur.close()
         store._dirty = False  # refreshed above, not through the store
@@ -372,6 +393,8 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
                   f"{c['owned_requests'] / max(1, c['region_requests']):.0%}), "
                   f"{one:,} new; {c['stored_owned_requests']:,} stored rows replaced; "
                   f"{c['region_candidates']:,} decisions in the region")
+        print(f"    (every relation over an empty region: {res['empty_region_s']:.2f} s, "
+              f"{len(bd.relations)} statements)")
         for name, s in bd.stages:
             print(f"    {name:<44} {s:7.2f} s  {s / bd.total_s:6.1%}")
         print("    slowest relations (create temp over the region):")
