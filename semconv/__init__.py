@@ -455,6 +455,7 @@ TYPED_SPAN_ATTRIBUTES: Final[dict[str, tuple[str, ColumnType]]] = {
     URL_PATH: ("a_url_path", "VARCHAR"),
     STATUS: ("a_status", "VARCHAR"),
     CLIENT_TTFT_MS: ("a_client_ttft_ms", "DOUBLE"),
+    ROUTER_TTFB_MS: ("a_router_ttfb_ms", "DOUBLE"),
     CLIENT_TPOT_MS: ("a_client_tpot_ms", "DOUBLE"),
     CLIENT_E2E_MS: ("a_client_e2e_ms", "DOUBLE"),
     CLIENT_ITL_MAX_MS: ("a_client_itl_max_ms", "DOUBLE"),

@@ -55,7 +55,8 @@ def _body(prompt: str, *, stream: bool, max_tokens: int = 6) -> dict[str, Any]:
 def _rows(stack: Stack) -> dict[str, dict[str, Any]]:
     rows = stack.query(
         "select request_id, status, http_status, failure_source, failure_reason, "
-        "chosen_replica, served_by, has_client, has_router, has_replica, policy "
+        "chosen_replica, served_by, has_client, has_router, has_replica, policy, router_ttfb_ms, "
+        "router_ms "
         "from requests where request_id in (select unnest(?::varchar[]))", [IDS])
     return {r["request_id"]: r for r in rows}
 
@@ -127,6 +128,8 @@ def test_example_router_end_to_end(stack: Stack) -> None:
         assert (r["status"], r["http_status"]) == ("ok", 200), r
         assert r["chosen_replica"] == r["served_by"] is not None, r
         assert not r["has_client"] and r["has_router"] and r["policy"] == "least_load_prefix"
+        # the middleware's first-byte mark: within the router's own time
+        assert 0 < r["router_ttfb_ms"] <= r["router_ms"], r
     assert rows["ex-plain"]["served_by"] == replica_a  # least load, first of equals
     assert rows["ex-after"]["served_by"] == replica_b  # A is down: the survivor
 

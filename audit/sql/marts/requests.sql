@@ -66,6 +66,7 @@ side_spans as materialized (
         corrected_start_ns,
         duration_ms,
         client_ttft_ms,
+        router_ttfb_ms,
         client_e2e_ms,
         engine_ttft_ms,
         engine_e2e_ms,
@@ -473,6 +474,7 @@ final as (
         coalesce(replica.usage_cached_tokens, client.usage_cached_tokens)
             as actual_cached_tokens,
         router.duration_ms as router_ms,
+        router.router_ttfb_ms,
         replica.engine_queue_ms as queue_ms,
         replica.engine_prefill_ms as prefill_ms,
         replica.engine_decode_ms as decode_ms,

@@ -65,6 +65,7 @@ create table if not exists raw_spans (
     a_url_path varchar,
     a_status varchar,
     a_client_ttft_ms double,
+    a_router_ttfb_ms double,
     a_client_tpot_ms double,
     a_client_e2e_ms double,
     a_client_itl_max_ms double,

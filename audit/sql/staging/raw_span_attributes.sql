@@ -58,6 +58,7 @@ final as (
             'url.path', if(list_contains(stored_keys, 'url.path'), null, a_url_path),
             'routeaudit.status', if(list_contains(stored_keys, 'routeaudit.status'), null, a_status),
             'routeaudit.client.ttft_ms', if(list_contains(stored_keys, 'routeaudit.client.ttft_ms'), null, a_client_ttft_ms),
+            'routeaudit.router.ttfb_ms', if(list_contains(stored_keys, 'routeaudit.router.ttfb_ms'), null, a_router_ttfb_ms),
             'routeaudit.client.tpot_ms', if(list_contains(stored_keys, 'routeaudit.client.tpot_ms'), null, a_client_tpot_ms),
             'routeaudit.client.e2e_ms', if(list_contains(stored_keys, 'routeaudit.client.e2e_ms'), null, a_client_e2e_ms),
             'routeaudit.client.itl_max_ms', if(list_contains(stored_keys, 'routeaudit.client.itl_max_ms'), null, a_client_itl_max_ms),
