@@ -298,6 +298,14 @@ def refresh(con: duckdb.DuckDBPyConnection,
     return spans
 
 
+def horizon(con: duckdb.DuckDBPyConnection) -> tuple[int | None, int | None]:
+    """(end of the newest final partition, newest request anchor) in the stored relations."""
+    row = con.execute(
+        "select max(case when r.verdict_final then (r.part + 1) * p.partition_ns end), "
+        "max(r.anchor_ns) from requests as r cross join stg_partitioning as p").fetchall()[0]
+    return (None if row[0] is None else int(row[0]), None if row[1] is None else int(row[1]))
+
+
 def _drop_temp(con: duckdb.DuckDBPyConnection) -> None:
     """The slice's temporary objects go with it (a cursor may be reused)."""
     try:

@@ -115,6 +115,10 @@ class Store:
         self._full_rebuild_due = False
         self.last_refresh_kind = "none"
         """How the last refresh ran: ``full``, ``slice``, ``none`` (nothing new)."""
+        self.final_until_ns: int | None = None
+        """Verdicts of requests anchored before this are final (after the last refresh)."""
+        self.newest_request_ns: int | None = None
+        """The newest request's anchor in the relations (after the last refresh)."""
         self._active: set[QueryCancel] = set()
         self._active_cond = threading.Condition()
         self._dirty = False
@@ -163,6 +167,10 @@ class Store:
             # Relations are rebuilt when the SQL changed since this store was last refreshed.
             self.refresh()
             self._con.execute("checkpoint")
+        try:
+            self.final_until_ns, self.newest_request_ns = _incremental.horizon(self._con)
+        except duckdb.Error:  # relations of an older version, rebuilt at the next refresh
+            pass
         # From here on no query on this database may read or write files other than the store.
         self._con.execute("set enable_external_access = false")
         self._con.execute("set lock_configuration = true")
@@ -203,8 +211,12 @@ class Store:
                     self._full_rebuild_due = False
                 if spans is not None:
                     self._spans_in_relations = spans
+                self.final_until_ns, self.newest_request_ns = _incremental.horizon(cur)
             except BaseException as exc:
                 self._dirty = True
+                if self.last_refresh_kind != "full":
+                    # whatever broke the slice, a full rebuild is the path every test holds
+                    self._full_rebuild_due = True
                 # The next attempt waits longer (see refresh_gap_s): under load a refresh can run
                 # out of memory, and retrying at once would take that memory from the commits
                 # again and again.

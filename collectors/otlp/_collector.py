@@ -370,6 +370,10 @@ class Collector:
             # spans stored but not yet in the relations (null: the store cannot tell)
             "relations_lag_spans": (self._store.relations_lag_spans
                                     if self._store is not None else None),
+            # verdicts of requests anchored before final_until_ns are final, later ones
+            # provisional, up to the newest request in the relations (Unix ns, reference clock)
+            "final_until_ns": self._store.final_until_ns if self._store is not None else None,
+            "newest_request_ns": self._store.newest_request_ns if self._store is not None else None,
             # where retention last cut raw and derived rows (Unix ns; null: nothing cut yet)
             "raw_kept_from_ns": self._retained.raw_from_ns if self._retained else None,
             "verdicts_kept_from_ns": self._retained.verdicts_from_ns if self._retained else None,

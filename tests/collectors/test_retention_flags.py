@@ -66,6 +66,10 @@ def test_a_running_collector_cuts_old_partitions(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert health["raw_kept_from_ns"] == (newest - 240 * S) // (60 * S) * (60 * S), health
         assert health["verdicts_kept_from_ns"] == (newest - 420 * S) // (60 * S) * (60 * S)
+        # partitions the watermark passed are final; the newer ones provisional
+        final, newest_request = health["final_until_ns"], health["newest_request_ns"]
+        assert isinstance(final, int) and isinstance(newest_request, int), health
+        assert health["verdicts_kept_from_ns"] < final <= newest_request, health
         counters = health["counters"]
         assert isinstance(counters, dict) and counters["retention_spans_deleted"] > 0
     con = duckdb.connect(str(path), read_only=True)
