@@ -154,6 +154,7 @@ class Collector:
                           refresh_max_share=cfg.refresh_max_share, background_refresh=True,
                           threads=cfg.store_threads,
                           memory_limit=cfg.store_memory_limit,
+                          incremental={"auto": None, "slices": True, "full": False}[cfg.refresh_mode],
                           query_limits=QueryLimits(timeout_s=cfg.query_timeout_s,
                                                    max_rows=cfg.query_max_rows,
                                                    max_bytes=cfg.query_max_bytes))

@@ -180,6 +180,10 @@ class CollectorConfig:
     """Rows a read query's answer may hold (``DEFAULT_QUERY_MAX_ROWS``)."""
     query_max_bytes: int = DEFAULT_QUERY_MAX_BYTES
     """Arrow bytes a read query's answer may hold (``DEFAULT_QUERY_MAX_BYTES``)."""
+    refresh_mode: str = "auto"
+    """How relations are refreshed: ``slices`` (only the event time that received rows,
+    docs/architecture.md), ``full`` (every relation from every raw row), or ``auto`` (slices from
+    100,000 spans on)."""
     retain_raw_s: float | None = None
     """Keep raw rows (spans, events, scrapes) this many seconds behind the newest span; older
     whole partitions are deleted while running (None: keep everything)."""
@@ -257,6 +261,8 @@ class CollectorConfig:
             if (not isinstance(value, (int, float)) or isinstance(value, bool)
                     or not 0 < value < float("inf")):
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.refresh_mode not in ("auto", "slices", "full"):
+            raise ConfigError(f"refresh_mode must be auto, slices or full, got {self.refresh_mode!r}")
         for name in ("retain_raw_s", "retain_verdicts_s"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
