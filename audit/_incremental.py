@@ -283,9 +283,10 @@ def refresh(con: duckdb.DuckDBPyConnection,
                 con.execute(f"delete from {main}.{table} "
                             f"where {_owned(kind, 'old', t0, parts)} "
                             f"or {_owned(kind, 'new', t0, parts)}")
+                order = " order by anchor_ns, request_key" if "anchor_ns" in cols else ""
                 con.execute(f"insert into {main}.{table} ({names}) "
                             f"select {names} from temp.main.{rel.name} "
-                            f"where {_owned(kind, 'new', t0, parts)}")
+                            f"where {_owned(kind, 'new', t0, parts)}{order}")
         con.execute(f"delete from {main}.{DIRTY_TABLE}")
         if before_commit is not None:
             before_commit(con, spans)

@@ -492,4 +492,7 @@ final as (
 
 )
 
+-- stored in event-time order, so a time window reads only the row groups it covers (a slice
+-- appends its rows after the older ones, in the same order)
 select * from final
+order by anchor_ns, request_key
