@@ -199,6 +199,20 @@ def _ownership(columns: list[str]) -> str:
     return "whole"
 
 
+def _key_sets(con: duckdb.DuckDBPyConnection, side: str, schema: str, requests_where: str) -> None:
+    """The keys of the requests of ``schema`` matching ``requests_where`` and of the rows that
+    belong to them (decisions, traces, execution spans), as temporary tables ``_owned_<side>_*``
+    that :func:`_owned` reads."""
+    con.execute(f"create or replace temp table _owned_{side}_requests as "
+                f"select request_key from {schema}.requests where {requests_where}")
+    of_requests = f"request_key in (select request_key from _owned_{side}_requests)"
+    for name, key, relation in (("decisions", "decision_key", "int_attr_decisions_resolved"),
+                                ("traces", "distinct trace_id", "int_spans_clock_corrected"),
+                                ("spans", "span_id", "executions")):
+        con.execute(f"create or replace temp table _owned_{side}_{name} as "
+                    f"select {key} from {schema}.{relation} where {of_requests}")
+
+
 def _owned(kind: str, side: str, t0: int, parts: Partitioning) -> str:
     """The predicate selecting the owned rows of a relation on ``side`` (``old``: as stored,
     ``new``: as recomputed), over the key sets :func:`refresh` prepares."""
@@ -221,16 +235,18 @@ def _owned(kind: str, side: str, t0: int, parts: Partitioning) -> str:
 
 def refresh(con: duckdb.DuckDBPyConnection,
             before_commit: Callable[[duckdb.DuckDBPyConnection, int], None] | None = None,
-            on_plan: Callable[[Plan], None] | None = None) -> int | None:
+            on_plan: Callable[[Plan], None] | None = None,
+            on_built: Callable[[str, float], None] | None = None) -> int | None:
     """Recompute the slice new rows reach and replace the rows it owns, in one transaction.
 
     Returns the number of ``raw_spans`` rows in the transaction's snapshot (as
     ``_relations.refresh`` does), or None when there was nothing to do. Requires relations built
     by this version (a full rebuild first). ``con`` must be a cursor of its own: the slice's
-    temporary relations live on it until it closes."""
+    temporary relations live on it until it closes. ``on_built(step, seconds)`` is called after
+    each relation is built over the slice and after each stored table is rewritten (benchmarks
+    time them)."""
     rels = _relations.load_relations()
     as_views = _relations.views(rels)
-    cached = set(_relations.cached(rels))
     db = con.execute("select current_database()").fetchall()[0][0]
     main = f'"{db}".main'
     con.execute("begin transaction")
@@ -247,46 +263,32 @@ def refresh(con: duckdb.DuckDBPyConnection,
         for rel in rels:
             kind = "view" if rel.name in as_views else "table"
             body = rel.sql.strip().rstrip(";")
+            started = time.perf_counter()
             try:
                 con.execute(f"create or replace temp {kind} {rel.name} as\n{body}")
             except duckdb.Error as exc:
                 raise StoreError(f"relation {rel.layer}/{rel.name}.sql does not build over a "
                                  f"slice: {_relations._first(exc)}") from exc
+            if on_built is not None:
+                on_built(f"build {rel.name}", time.perf_counter() - started)
         t0 = pl.t0_ns
         # The keys the slice owns, as stored before and as recomputed.
-        for side, schema in (("old", main), ("new", "temp.main")):
-            con.execute(f"create or replace temp table _owned_{side}_requests as "
-                        f"select request_key from {schema}.requests where anchor_ns >= {t0}")
-            con.execute(f"create or replace temp table _owned_{side}_decisions as "
-                        f"select decision_key from {schema}.int_attr_decisions_resolved "
-                        f"where request_key in (select request_key from _owned_{side}_requests)")
-            con.execute(f"create or replace temp table _owned_{side}_traces as "
-                        f"select distinct trace_id from {schema}.int_spans_clock_corrected "
-                        f"where request_key in (select request_key from _owned_{side}_requests)")
-            con.execute(f"create or replace temp table _owned_{side}_spans as "
-                        f"select span_id from {schema}.executions "
-                        f"where request_key in (select request_key from _owned_{side}_requests)")
-        stored = {r[0] for r in con.execute(
-            "select table_name from information_schema.tables "
-            "where table_catalog = current_database() and table_schema = 'main' "
-            "and table_type = 'BASE TABLE'").fetchall()}
-        for rel in rels:
-            targets: list[str] = []
-            if rel.name not in as_views and rel.name in stored:
-                targets.append(rel.name)
-            if rel.name in cached and rel.name + _relations.CACHE_SUFFIX in stored:
-                targets.append(rel.name + _relations.CACHE_SUFFIX)
-            for table in targets:
-                cols = _columns(con, f"{main}.{table}")
-                kind = _ownership(cols)
-                names = ", ".join(f'"{c}"' for c in cols)
-                con.execute(f"delete from {main}.{table} "
-                            f"where {_owned(kind, 'old', t0, parts)} "
-                            f"or {_owned(kind, 'new', t0, parts)}")
-                order = " order by anchor_ns, request_key" if "anchor_ns" in cols else ""
-                con.execute(f"insert into {main}.{table} ({names}) "
-                            f"select {names} from temp.main.{rel.name} "
-                            f"where {_owned(kind, 'new', t0, parts)}{order}")
+        _key_sets(con, "old", main, f"anchor_ns >= {t0}")
+        _key_sets(con, "new", "temp.main", f"anchor_ns >= {t0}")
+        for relation, table in _derived_tables(con):
+            started = time.perf_counter()
+            cols = _columns(con, f"{main}.{table}")
+            kind = _ownership(cols)
+            names = ", ".join(f'"{c}"' for c in cols)
+            con.execute(f"delete from {main}.{table} "
+                        f"where {_owned(kind, 'old', t0, parts)} "
+                        f"or {_owned(kind, 'new', t0, parts)}")
+            order = " order by anchor_ns, request_key" if "anchor_ns" in cols else ""
+            con.execute(f"insert into {main}.{table} ({names}) "
+                        f"select {names} from temp.main.{relation} "
+                        f"where {_owned(kind, 'new', t0, parts)}{order}")
+            if on_built is not None:
+                on_built(f"replace {table}", time.perf_counter() - started)
         con.execute(f"delete from {main}.{DIRTY_TABLE}")
         if before_commit is not None:
             before_commit(con, spans)
@@ -308,18 +310,15 @@ def horizon(con: duckdb.DuckDBPyConnection) -> tuple[int | None, int | None]:
 
 
 def _drop_temp(con: duckdb.DuckDBPyConnection) -> None:
-    """The slice's temporary objects go with it (a cursor may be reused)."""
+    """The slice's temporary objects go with it (a cursor may be reused): views first, as they
+    read the tables."""
     try:
         rows = con.execute("select table_name, table_type from information_schema.tables "
-                           "where table_catalog = 'temp'").fetchall()
+                           "where table_catalog = 'temp' order by table_type = 'VIEW' desc").fetchall()
         for name, kind in rows:
             con.execute(f"drop {'view' if kind == 'VIEW' else 'table'} if exists temp.main.\"{name}\"")
     except duckdb.Error:
         pass
-
-
-def now_ns() -> int:
-    return time.time_ns()
 
 
 @dataclass(frozen=True)
@@ -337,7 +336,9 @@ RAW_KEPT_FROM: Final = "raw_kept_from_ns"
 back before it (their windows would read rows that are gone)."""
 
 
-def _derived_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+def _derived_tables(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """(relation, stored table) for every stored table of derived rows, in build order: the
+    relations stored as tables, and the default-SLO tables of the cached views."""
     rels = _relations.load_relations()
     as_views = _relations.views(rels)
     cached = set(_relations.cached(rels))
@@ -345,12 +346,12 @@ def _derived_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
         "select table_name from information_schema.tables "
         "where table_catalog = current_database() and table_schema = 'main' "
         "and table_type = 'BASE TABLE'").fetchall()}
-    out: list[str] = []
+    out: list[tuple[str, str]] = []
     for rel in rels:
         if rel.name not in as_views and rel.name in stored:
-            out.append(rel.name)
+            out.append((rel.name, rel.name))
         if rel.name in cached and rel.name + _relations.CACHE_SUFFIX in stored:
-            out.append(rel.name + _relations.CACHE_SUFFIX)
+            out.append((rel.name, rel.name + _relations.CACHE_SUFFIX))
     return out
 
 
@@ -387,20 +388,10 @@ def drop_before(con: duckdb.DuckDBPyConnection, *, raw_keep_ns: int | None,
                             [RAW_KEPT_FROM, str(raw_cut)])
         if newest is not None and verdicts_keep_ns is not None:
             verdict_cut = parts.start_of(int(newest) - verdicts_keep_ns)
-            con.execute("create or replace temp table _owned_old_requests as "
-                        f"select request_key from main.requests where anchor_ns < {verdict_cut}")
+            _key_sets(con, "old", "main", f"anchor_ns < {verdict_cut}")
             requests_deleted = int(con.execute(
                 "select count(*) from _owned_old_requests").fetchall()[0][0])
-            con.execute("create or replace temp table _owned_old_decisions as "
-                        "select decision_key from main.int_attr_decisions_resolved "
-                        "where request_key in (select request_key from _owned_old_requests)")
-            con.execute("create or replace temp table _owned_old_traces as "
-                        "select distinct trace_id from main.int_spans_clock_corrected "
-                        "where request_key in (select request_key from _owned_old_requests)")
-            con.execute("create or replace temp table _owned_old_spans as "
-                        "select span_id from main.executions "
-                        "where request_key in (select request_key from _owned_old_requests)")
-            for table in _derived_tables(con):
+            for _, table in _derived_tables(con):
                 kind = _ownership(_columns(con, f"main.{table}"))
                 if kind == "whole":
                     continue
