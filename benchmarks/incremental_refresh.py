@@ -160,6 +160,46 @@ def backfill(path: Path) -> tuple[float, list[tuple[str, float]]]:
 
 
 @dataclass
+class Storage:
+    """Blocks in use in a checkpointed store (a file keeps freed blocks for reuse, so its size
+    overstates what it holds), and per table the blocks its column segments occupy."""
+
+    used_bytes: int
+    file_bytes: int
+    tables: dict[str, int]
+
+
+RAW_TABLES = ("raw_spans", "raw_span_events", "raw_snapshots")
+
+
+def storage(path: Path) -> Storage:
+    con = duckdb.connect(os.fspath(path), read_only=True)
+    try:
+        block, used, total = con.execute(
+            "select block_size, used_blocks, total_blocks from pragma_database_size()").fetchall()[0]
+        tables: dict[str, int] = {}
+        for (name,) in con.execute("select table_name from duckdb_tables() "
+                                   "where database_name = current_database()").fetchall():
+            blocks = con.execute(f"select count(distinct block_id) from pragma_storage_info('{name}') "
+                                 "where block_id >= 0").fetchall()[0][0]
+            tables[name] = int(blocks or 0) * int(block)
+        return Storage(int(used) * int(block), int(total) * int(block), tables)
+    finally:
+        con.close()
+
+
+def print_storage(st: Storage, n: int, top: int) -> None:
+    raw = sum(b for t, b in st.tables.items() if t in RAW_TABLES)
+    derived = sum(b for t, b in st.tables.items() if t not in RAW_TABLES)
+    per_m = 1e6 / n / GIB
+    print(f"  storage in use: {st.used_bytes / GIB:.2f} GiB of a {st.file_bytes / GIB:.2f} GiB file; per million "
+          f"requests {st.used_bytes * per_m:.2f} GiB: raw tables {raw * per_m:.2f}, derived tables "
+          f"{derived * per_m:.2f}, the rest (metadata) {(st.used_bytes - raw - derived) * per_m:.2f}")
+    biggest = sorted(((b, t) for t, b in st.tables.items() if t not in RAW_TABLES), reverse=True)[:top]
+    print("    largest derived: " + ", ".join(f"{t} {b * per_m:.2f}" for b, t in biggest))
+
+
+@dataclass
 class Step:
     new_requests: int
     append_s: float
@@ -355,9 +395,11 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
     print(f"  backfill (full rebuild, every relation): {res['backfill_s']:.1f} s; load {os.getloadavg()[0]:.1f}")
     for name, s in sorted(rels, key=lambda r: -r[1])[:top]:
         print(f"    {name:<40} {s:7.2f} s  {s / res['backfill_s']:6.1%}")
-    print(f"  storage after checkpoint: {res['total_bytes'] / GIB:.2f} GiB = raw {res['raw_bytes'] / GIB:.2f} "
-          f"+ derived {derived / GIB:.2f}; per million requests {res['total_bytes'] / n * 1e6 / GIB:.2f} GiB "
-          f"(raw {res['raw_bytes'] / n * 1e6 / GIB:.2f}, derived {derived / n * 1e6 / GIB:.2f})", flush=True)
+    print(f"  file after checkpoint: {res['total_bytes'] / GIB:.2f} GiB (raw-only file {res['raw_bytes'] / GIB:.2f}"
+          f" + {derived / GIB:.2f}); per million requests {res['total_bytes'] / n * 1e6 / GIB:.2f} GiB")
+    res["storage"] = storage(work)
+    print_storage(res["storage"], n, top)
+    sys.stdout.flush()
 
     store = Store(work, incremental=True)
     try:
