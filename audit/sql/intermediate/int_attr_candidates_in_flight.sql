@@ -107,8 +107,11 @@ final as (
         replica,
         count(*) filter (where same_replica and is_queued) as true_waiting,
         count(*) filter (where same_replica and not is_queued) as true_running,
-        sum(uncached_tokens * prefill_left + output_tokens * decode_left)
-            filter (where same_replica) as true_remaining_tokens,
+        -- summed in thousandths of a token as integers: exact, so the same in any row order
+        sum(
+            cast(round((uncached_tokens * prefill_left + output_tokens * decode_left) * 1000)
+                as bigint)
+        ) filter (where same_replica) / 1000.0 as true_remaining_tokens,
         sum(uncached_tokens) filter (where same_replica and is_queued)
             as true_queued_prefill_tokens,
         max(date_diff('microsecond', decided_at, first_token_at) / 1000.0)

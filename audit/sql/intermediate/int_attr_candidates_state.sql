@@ -126,7 +126,7 @@ herding_ranked as (
     from chosen_telemetry
     window episode as (
         partition by run_id, chosen_replica, telemetry_ts
-        order by decided_at, request_id, request_key, attempt
+        order by decided_at, request_id, request_key, attempt, decision_key
     )
 ),
 

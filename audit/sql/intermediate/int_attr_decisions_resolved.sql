@@ -30,7 +30,7 @@ decisions_ranked as (
         -- same order as requests' final attempt, so one decision per request is final
         row_number() over (
             partition by d.request_key
-            order by d.attempt desc, d.decided_ns desc nulls last, d.span_id desc
+            order by d.attempt desc, d.decided_ns desc nulls last, d.span_id desc nulls last
         ) = 1 as is_final
     from all_decisions as d
     left join (
@@ -63,7 +63,7 @@ decisions_matched_executions as (
         row_number() over (
             partition by d.request_key, d.attempt, d.span_id
             order by
-                (e.replica = d.chosen_replica) desc nulls last, e.start_at asc
+                (e.replica = d.chosen_replica) desc nulls last, e.start_at asc, e.span_id asc
         ) as preference
     from decisions_ranked as d
     inner join timed as e

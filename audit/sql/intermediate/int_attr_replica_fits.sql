@@ -46,6 +46,10 @@ calibration_points as (
         t.replica,
         t.span_id,
         t.prefill_ms,
+        -- whole microseconds: the fits below sum integers, exactly, so their result does not
+        -- depend on the order rows reach the aggregate (a sum of doubles does, in its last bits,
+        -- and two equal estimates then compare by that noise)
+        cast(round(t.prefill_ms * 1000.0) as bigint) as prefill_us,
         t.uncached_tokens,
         coalesce(t.cached_tokens, 0) as cached_tokens,
         case
@@ -60,62 +64,85 @@ calibration_points as (
     where t.replica is not null
 ),
 
-calibration_per_replica as (
+replica_sums as (
     select
         part,
         run_id,
         replica,
         count(prefill_ms) filter (where uncached_tokens > 0) as prefill_n,
-        -- a fit needs spread in prompt length (else regr_* give NaN)
-        case
-            when regr_sxx(prefill_ms, uncached_tokens)
-                filter (where uncached_tokens > 0) > 0
-                then regr_slope(prefill_ms, uncached_tokens)
-                    filter (where uncached_tokens > 0)
-        end as fit_slope,
-        case
-            when regr_sxx(prefill_ms, uncached_tokens)
-                filter (where uncached_tokens > 0) > 0
-                then regr_intercept(prefill_ms, uncached_tokens)
-                    filter (where uncached_tokens > 0)
-        end as fit_intercept,
-        sum(prefill_ms) filter (where uncached_tokens > 0)
-        / nullif(
-            sum(uncached_tokens)
-                filter (where uncached_tokens > 0 and prefill_ms is not null),
-            0
-        ) as fit_ratio,
+        -- least squares from exact integer sums (microseconds, tokens): the same points give
+        -- the same bits in any order
+        count(prefill_us) filter (where uncached_tokens > 0) as n_fit,
+        sum(cast(uncached_tokens as hugeint))
+            filter (where uncached_tokens > 0 and prefill_us is not null) as sx,
+        sum(cast(prefill_us as hugeint)) filter (where uncached_tokens > 0) as sy,
+        sum(cast(uncached_tokens as hugeint) * uncached_tokens)
+            filter (where uncached_tokens > 0 and prefill_us is not null) as sxx,
+        sum(cast(uncached_tokens as hugeint) * prefill_us)
+            filter (where uncached_tokens > 0) as sxy,
         median(decode_ms_per_token) as decode_ms_per_token
     from calibration_points
     group by all
+),
+
+pooled_sums as (
+    select
+        part,
+        run_id,
+        -- least squares from exact integer sums (microseconds, tokens): the same points give
+        -- the same bits in any order
+        count(prefill_us) filter (where uncached_tokens > 0) as n_fit,
+        sum(cast(uncached_tokens as hugeint))
+            filter (where uncached_tokens > 0 and prefill_us is not null) as sx,
+        sum(cast(prefill_us as hugeint)) filter (where uncached_tokens > 0) as sy,
+        sum(cast(uncached_tokens as hugeint) * uncached_tokens)
+            filter (where uncached_tokens > 0 and prefill_us is not null) as sxx,
+        sum(cast(uncached_tokens as hugeint) * prefill_us)
+            filter (where uncached_tokens > 0) as sxy,
+        median(decode_ms_per_token) as pooled_decode_ms_per_token
+    from calibration_points
+    group by all
+),
+
+calibration_per_replica as (
+    -- a fit needs spread in prompt length (den > 0); ms from microseconds
+    select
+        part,
+        run_id,
+        replica,
+        prefill_n,
+        case
+            when n_fit * sxx - sx * sx > 0
+                then cast(n_fit * sxy - sx * sy as double)
+                / cast(n_fit * sxx - sx * sx as double) / 1000.0
+        end as fit_slope,
+        case
+            when n_fit * sxx - sx * sx > 0
+                then cast(sy * sxx - sx * sxy as double)
+                / cast(n_fit * sxx - sx * sx as double) / 1000.0
+        end as fit_intercept,
+        cast(sy as double) / nullif(cast(sx as double), 0.0) / 1000.0 as fit_ratio,
+        decode_ms_per_token
+    from replica_sums
 ),
 
 calibration_pooled as (
     select
         part,
         run_id,
-        -- a fit needs spread in prompt length (else regr_* give NaN)
         case
-            when regr_sxx(prefill_ms, uncached_tokens)
-                filter (where uncached_tokens > 0) > 0
-                then regr_slope(prefill_ms, uncached_tokens)
-                    filter (where uncached_tokens > 0)
+            when n_fit * sxx - sx * sx > 0
+                then cast(n_fit * sxy - sx * sy as double)
+                / cast(n_fit * sxx - sx * sx as double) / 1000.0
         end as pooled_slope,
         case
-            when regr_sxx(prefill_ms, uncached_tokens)
-                filter (where uncached_tokens > 0) > 0
-                then regr_intercept(prefill_ms, uncached_tokens)
-                    filter (where uncached_tokens > 0)
+            when n_fit * sxx - sx * sx > 0
+                then cast(sy * sxx - sx * sxy as double)
+                / cast(n_fit * sxx - sx * sx as double) / 1000.0
         end as pooled_intercept,
-        sum(prefill_ms) filter (where uncached_tokens > 0)
-        / nullif(
-            sum(uncached_tokens)
-                filter (where uncached_tokens > 0 and prefill_ms is not null),
-            0
-        ) as pooled_ratio,
-        median(decode_ms_per_token) as pooled_decode_ms_per_token
-    from calibration_points
-    group by all
+        cast(sy as double) / nullif(cast(sx as double), 0.0) / 1000.0 as pooled_ratio,
+        pooled_decode_ms_per_token
+    from pooled_sums
 ),
 
 speed_scale as (
@@ -130,13 +157,16 @@ speed_scale as (
 ),
 
 idle_points as (
+    -- integers (microseconds, tokens, twice the attention regressor) so that the moments
+    -- below are exact sums, the same in any row order
     select
         p.part,
         p.run_id,
-        p.prefill_ms * coalesce(k.scale, 1.0) as prefill_ms,
-        p.uncached_tokens as x1,
-        -- attention: each prompt token attends to every earlier one (cached ones included)
-        p.uncached_tokens * (p.cached_tokens + p.uncached_tokens / 2.0) as x2
+        cast(round(p.prefill_us * coalesce(k.scale, 1.0)) as hugeint) as y,
+        cast(p.uncached_tokens as hugeint) as x1,
+        -- attention: each prompt token attends to every earlier one (cached ones included);
+        -- x2h = 2 * uncached * (cached + uncached / 2)
+        cast(p.uncached_tokens as hugeint) * (2 * p.cached_tokens + p.uncached_tokens) as x2h
     from calibration_points as p
     inner join idle_solo as i
         on p.span_id = i.span_id
@@ -144,24 +174,42 @@ idle_points as (
         on p.part = k.part
         and p.run_id is not distinct from k.run_id
         and p.replica = k.replica
-    where p.uncached_tokens > 0 and p.prefill_ms is not null
+    where p.uncached_tokens > 0 and p.prefill_us is not null
 ),
 
-idle_moments as (
+idle_sums as (
     select
         part,
         run_id,
-        count(*) as idle_n,
-        avg(prefill_ms) as my,
-        avg(x1) as m1,
-        avg(x2) as m2,
-        covar_pop(x1, x1) as s11,
-        covar_pop(x2, x2) as s22,
-        covar_pop(x1, x2) as s12,
-        covar_pop(x1, prefill_ms) as s1y,
-        covar_pop(x2, prefill_ms) as s2y
+        count(*) as n,
+        sum(y) as sy,
+        sum(x1) as s1,
+        sum(x2h) as s2,
+        sum(x1 * x1) as s11,
+        sum(x2h * x2h) as s22,
+        sum(x1 * x2h) as s12,
+        sum(x1 * y) as s1y,
+        sum(x2h * y) as s2y
     from idle_points
     group by all
+),
+
+idle_moments as (
+    -- population (co)variances in ms and tokens: exact n * sum(ab) - sum(a) * sum(b), then
+    -- scaled
+    select
+        part,
+        run_id,
+        n as idle_n,
+        cast(sy as double) / n / 1000.0 as my,
+        cast(s1 as double) / n as m1,
+        cast(s2 as double) / n / 2.0 as m2,
+        cast(n * s11 - s1 * s1 as double) / n / n as s11,
+        cast(n * s22 - s2 * s2 as double) / n / n / 4.0 as s22,
+        cast(n * s12 - s1 * s2 as double) / n / n / 2.0 as s12,
+        cast(n * s1y - s1 * sy as double) / n / n / 1000.0 as s1y,
+        cast(n * s2y - s2 * sy as double) / n / n / 2000.0 as s2y
+    from idle_sums
 ),
 
 calibration_idle as (

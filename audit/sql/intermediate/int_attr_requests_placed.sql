@@ -19,14 +19,33 @@ all_requests as (
     from requests
 ),
 
+thresholds as (
+    select * from int_attr_thresholds
+),
+
 final_rows as (
-    -- the rows of the final routing attempt of each request
+    -- the rows of the final routing attempt of each request. Estimates are ranked on a grid
+    -- of estimate_tolerance_ms (estimates closer than that are equal), then by a stable key:
+    -- the replica, then what the router recorded about it (a router may list a replica twice)
     select
         e.* exclude (input_tokens, predicted_cached_tokens),
         e.predicted_cached_tokens as candidate_predicted_cached_tokens,
         r.input_tokens,
-        r.predicted_cached_tokens
+        r.predicted_cached_tokens,
+        round(e.ttft_est_ms / t.estimate_tolerance_ms) as ttft_est_rank,
+        round(e.wait_est_ms / t.estimate_tolerance_ms) as wait_est_rank,
+        {
+            'replica': e.replica,
+            'seen_waiting': e.seen_waiting,
+            'seen_running': e.seen_running,
+            'seen_pending': e.seen_pending,
+            'telemetry_ts': e.telemetry_ts,
+            'predicted_cached_tokens': e.predicted_cached_tokens,
+            'router_est_queue_ms': e.router_est_queue_ms,
+            'router_est_prefill_ms': e.router_est_prefill_ms
+        } as stable_key
     from estimated as e
+    cross join thresholds as t
     inner join all_requests as r
         on e.request_key = r.request_key
     where coalesce(e.is_final, true)
@@ -70,7 +89,7 @@ request_level as (
             filter (where eligible and replica_observed) as ideal_replica,
         -- the wait even the best placement would have had (estimated on the true state)
         min(wait_est_ms) filter (where eligible and replica_observed) as min_wait_ms,
-        arg_min(replica, (wait_est_ms, replica))
+        arg_min(replica, (wait_est_rank, stable_key))
             filter (where eligible and replica_observed) as min_wait_replica
     from final_rows
     group by request_key
@@ -80,11 +99,11 @@ chosen as (
     select *
     from final_rows
     where chosen
-    qualify row_number() over (partition by request_key order by replica) = 1
+    qualify row_number() over (partition by request_key order by stable_key) = 1
 ),
 
 best_alternative as (
-    -- the columns final reads of the lowest (ttft_est_ms, replica): one hash aggregate, where a
+    -- the columns final reads of the lowest (ttft_est_rank, stable_key): one hash aggregate, where a
     -- top-1 window sorted every candidate row (7.6 -> 5.3 s at 1M requests, same rows)
     select
         request_key,
@@ -104,7 +123,7 @@ best_alternative as (
                 'router_est_queue_ms': router_est_queue_ms,
                 'router_est_prefill_ms': router_est_prefill_ms
             },
-            (ttft_est_ms, replica)
+            (ttft_est_rank, stable_key)
         ))
     from final_rows
     where
@@ -155,6 +174,7 @@ final as (
         c.episode_rank,
         c.episode_decisions,
         c.episode_unreflected,
+        c.unreflected_assignments,
         c.max_kv_usage_scraped,
         c.preemptions_nearby,
         c.has_prefix_hashes,

@@ -43,6 +43,13 @@ thresholds as (
         -- ... and at least this share of the request's TTFT
         cast(coalesce(getvariable('routeaudit_cause_min_frac'), 0.15) as double)
             as cause_min_frac,
+        -- estimates (ms) closer than this are equal: ranked on a grid of it, compared with it
+        -- as a margin, the tie then broken by a stable key (docs/attribution.md)
+        cast(coalesce(getvariable('routeaudit_estimate_tolerance_ms'), 0.1) as double)
+            as estimate_tolerance_ms,
+        -- overload: the request's own measured queue must be at least this long
+        cast(coalesce(getvariable('routeaudit_overload_min_queue_ms'), 100.0) as double)
+            as overload_min_queue_ms,
         -- calibration: observations a replica needs before its own fit is used
         cast(coalesce(getvariable('routeaudit_calibration_min_n'), 5) as bigint)
             as calibration_min_n

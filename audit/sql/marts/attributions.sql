@@ -142,10 +142,13 @@ judged as (
         case
             when s.c_router_est_queue_ms is not null and s.a_router_est_queue_ms is not null
                 then
+                    -- (estimates within estimate_tolerance_ms of each other are equal)
                     s.c_router_est_queue_ms + coalesce(s.c_router_est_prefill_ms, 0.0)
                     <= s.a_router_est_queue_ms + coalesce(s.a_router_est_prefill_ms, 0.0)
+                    + t.estimate_tolerance_ms
                     and s.c_wait_est_ms + coalesce(s.c_router_est_prefill_ms, 0.0)
                     > s.a_wait_est_ms + coalesce(s.a_router_est_prefill_ms, 0.0)
+                    + t.estimate_tolerance_ms
                     and (
                         s.c_wait_est_ms - s.c_router_est_queue_ms >= t.misroute_min_ms
                         or s.c_true_load - s.c_seen_load >= t.stale_min_gap
@@ -161,6 +164,21 @@ judged as (
                     or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
                 )
         end as view_was_stale,
+        -- the wait, not the prefill, made the difference (within the tolerance: the wait)
+        coalesce(s.exec_queue_ms, 0) - s.a_wait_est_ms
+        >= coalesce(s.exec_prefill_ms, 0) - s.evicted_tokens * s.c_nominal_ms_per_token
+        - s.a_prefill_est_ms - t.estimate_tolerance_ms as wait_decided,
+        -- the policy weighs replica load (docs/attribution.md lists them)
+        coalesce(
+            lower(s.policy) in (
+                'least_load', 'least_loaded', 'least_request', 'least_requests',
+                'power_of_two', 'qp_cost'
+            ),
+            false
+        ) as policy_reads_load,
+        -- the alternative held more of the prompt's prefix than the chosen replica had
+        coalesce(s.a_cached_tokens, 0)
+        >= coalesce(s.actual_cached, 0) + t.cache_tolerance_tokens as alt_held_prefix,
         least(
             s.actual_replica_ttft_ms - s.evicted_tokens * s.c_nominal_ms_per_token,
             coalesce(s.a_ttft_est_ms, cast('infinity' as double))
@@ -184,20 +202,22 @@ cause_misrouting as (
                 or c_router_est_prefill_ms is not null)
                 and coalesce(c_router_est_queue_ms, 0) + coalesce(c_router_est_prefill_ms, 0)
                 <= coalesce(a_router_est_queue_ms, 0) + coalesce(a_router_est_prefill_ms, 0)
+                + t.estimate_tolerance_ms
                 then 'policy_estimate'
-            when coalesce(exec_queue_ms, 0) - a_wait_est_ms
-                >= coalesce(exec_prefill_ms, 0) - eviction_ms - a_prefill_est_ms
-                then 'load_blind'
-            else 'cache_blind'
+            -- a policy that weighs load, on a view that was right, still misjudged the work
+            when wait_decided and policy_reads_load then 'load_misjudged'
+            when wait_decided then 'load_blind'
+            when alt_held_prefix then 'cache_blind'
+            -- both held the prefix (or neither): the alternative prefills faster
+            else 'speed_blind'
         end as sub_kind,
         saving_ms as excess_ms,
         case
             when view_was_stale then 0.8
             when c_router_est_queue_ms is not null
                 or c_router_est_prefill_ms is not null then 0.7
-            when coalesce(exec_queue_ms, 0) - a_wait_est_ms
-                >= coalesce(exec_prefill_ms, 0) - eviction_ms - a_prefill_est_ms
-                then 0.8
+            when wait_decided and policy_reads_load then 0.7
+            when wait_decided then 0.8
             else 0.6
         end as base_confidence,
         case
@@ -215,8 +235,9 @@ cause_misrouting as (
                 )
                 || case
                     when in_herding_episode then printf(
-                        'decision %d of %d on that telemetry sample; %d assignments unreflected. ',
-                        episode_rank, episode_decisions, episode_unreflected
+                        'decision %d of %d on that telemetry sample; '
+                        || '%d earlier assignments unreflected in its view. ',
+                        episode_rank, episode_decisions, unreflected_assignments
                     )
                     else ''
                 end
@@ -317,19 +338,24 @@ cause_overload as (
         0.7 as base_confidence,
         printf(
             'every eligible candidate was busy: the shortest estimated wait was %.0f ms (%s) '
-            || 'over %d candidates; TTFT %.0f ms vs SLO %.0f ms',
+            || 'over %d candidates; this request queued %.0f ms; TTFT %.0f ms vs SLO %.0f ms',
             min_wait_ms,
             coalesce(min_wait_replica, chosen_replica),
             candidates,
+            coalesce(exec_queue_ms, c_wait_est_ms),
             ttft_ms,
             ttft_slo_ms
         ) as evidence
     from judged
+    cross join thresholds as t
     where
         ttft_excess_ms > 0
         and chosen_replica is not null
         and eligible_unobserved = 0
         and min_wait_ms > 0
+        -- the load must have cost this request: its own measured queue (else its estimated
+        -- wait) was not short
+        and coalesce(exec_queue_ms, c_wait_est_ms) >= t.overload_min_queue_ms
 ),
 
 cause_long_prompt as (
@@ -518,12 +544,15 @@ final as (
         c.cause,
         c.sub_kind,
         round(greatest(c.excess_ms, 0.0), 1) as excess_ms,
+        -- excesses within estimate_tolerance_ms are equal; then a stable order of the rows
         row_number() over (
             partition by s.request_key
             order by
-                c.excess_ms desc,
+                round(c.excess_ms / t.estimate_tolerance_ms) desc,
                 c.cause not in ('unknown', 'incomplete_trace') desc,
-                c.cause
+                c.cause asc,
+                c.sub_kind asc nulls first,
+                c.evidence asc
         ) = 1 as is_primary,
         round(
             c.base_confidence
@@ -548,6 +577,7 @@ final as (
         s.part,
         s.verdict_final
     from all_causes as c
+    cross join thresholds as t
     inner join subjects as s
         on c.request_key = s.request_key
 )

@@ -29,16 +29,19 @@ episodes as (
         count(distinct coalesce(c.decision_router_id, c.router_id)) as routers,
         max(c.seen_pending) as max_pending_seen,
         max(c.episode_unreflected) as unreflected_assignments,
-        any_value(c.seen_waiting) as seen_waiting,
+        -- what the episode's first decision saw (routers may have recorded it differently)
+        arg_min(c.seen_waiting, (c.episode_rank, c.request_key)) as seen_waiting,
         -- episode_rank orders by decision instant with ties broken by request, so a rebuild
         -- names the same last decision and lists the requests in the same order
-        arg_max(c.true_waiting, c.episode_rank) as true_waiting_last,
+        arg_max(c.true_waiting, (c.episode_rank, c.request_key)) as true_waiting_last,
         count(*) filter (where c.is_slow) as slow_requests,
         count(*) filter (where c.in_herding_episode and c.is_slow)
             as slow_unreflected,
-        string_agg(c.request_id, ',' order by c.episode_rank) as request_ids,
+        string_agg(c.request_id, ',' order by c.episode_rank, c.request_key)
+            as request_ids,
         -- the same requests by key (request ids may repeat)
-        string_agg(c.request_key, ',' order by c.episode_rank) as request_keys
+        string_agg(c.request_key, ',' order by c.episode_rank, c.request_key)
+            as request_keys
     from chosen_rows as c
     cross join thresholds as t
     group by c.run_id, c.replica, c.chosen_telemetry_ts, t.herding_min_decisions

@@ -16,7 +16,8 @@ cause_counts as (
     select
         request_key,
         count(*) as causes,
-        string_agg(cause, ', ' order by excess_ms desc) as all_causes
+        string_agg(cause, ', ' order by excess_ms desc, cause asc, sub_kind asc nulls first)
+            as all_causes
     from attributed
     group by all
 ),
