@@ -164,6 +164,7 @@ final as (
         c.fleet_decode_ms_per_token,
         c.decided_at,
         c.decision_reason,
+        c.decision_policy,
         c.exec_span_id,
         c.exec_queue_ms,
         c.exec_prefill_ms,

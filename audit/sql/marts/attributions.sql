@@ -170,7 +170,7 @@ judged as (
         - s.a_prefill_est_ms - t.estimate_tolerance_ms as wait_decided,
         -- the policy weighs replica load (docs/attribution.md lists them)
         coalesce(
-            lower(s.policy) in (
+            lower(coalesce(s.decision_policy, s.policy)) in (
                 'least_load', 'least_loaded', 'least_request', 'least_requests',
                 'power_of_two', 'qp_cost'
             ),
