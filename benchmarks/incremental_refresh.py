@@ -26,8 +26,8 @@ For each size it prints:
    and to store size.
 
     python3 benchmarks/incremental_refresh.py --requests 100000            # a few minutes
-    python3 benchmarks/incremental_refresh.py --keep /tmp/incr             # 1M and 100k
-    python3 benchmarks/incremental_refresh.py --keep /tmp/incr --reuse     # rebuild from the kept raw
+    python3 benchmarks/incremental_refresh.py --keep stores/incr             # 1M and 100k
+    python3 benchmarks/incremental_refresh.py --keep stores/incr --reuse     # rebuild from the kept raw
 
 ``--keep DIR`` keeps the generated run and each size's raw-only store (``raw_<n>.duckdb``);
 ``--reuse`` starts from them instead of generating and tiling again. Each measurement works on a
