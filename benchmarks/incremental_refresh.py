@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from analysis_scaling import generate  # noqa: E402
 
 from audit import _incremental, _relations  # noqa: E402
-from audit._store import Store, _record_refresh, _tune  # noqa: E402
+from audit._store import Store, _add_missing_raw_columns, _record_refresh, _tune  # noqa: E402
 
 _ID_COLUMNS = ("a_request_id", "a_gen_ai_request_id", "a_router_request_id", "a_rid")
 _RUN_COLUMNS = ("a_run_id", "r_run_id")
@@ -149,6 +149,7 @@ def backfill(path: Path) -> tuple[float, list[tuple[str, float]]]:
     """A full rebuild (``_relations.refresh`` as ``Store.refresh`` runs it), relation by relation."""
     con = duckdb.connect(os.fspath(path))
     _tune(con)
+    _add_missing_raw_columns(con)  # a kept raw store may predate a raw column
     out: list[tuple[str, float]] = []
     t = time.perf_counter()
     _relations.refresh(con, on_built=lambda rel, kind, s: out.append((rel.name, s)),
@@ -216,103 +217,51 @@ class Breakdown:
     plan: _incremental.Plan | None = None
     stages: list[tuple[str, float]] = field(default_factory=list)
     relations: list[tuple[str, float]] = field(default_factory=list)
-    writes: list[tuple[str, float, int, int]] = field(default_factory=list)
+    writes: list[tuple[str, float]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     total_s: float = 0.0
 
 
 def timed_slice_refresh(con: duckdb.DuckDBPyConnection) -> Breakdown:
-    """``audit._incremental.refresh`` with each statement timed: the same helpers and the same
-    statements in the same order (kept in step with that function by hand), committed."""
+    """``audit._incremental.refresh`` timed through its hooks: each relation built over the
+    region, each stored table rewritten; the rest (plan, key sets, commit) by difference. In the
+    transaction, before its record is written, it counts how much of the region the slice owns
+    (not counted in the total)."""
     bd = Breakdown()
-    rels = _relations.load_relations()
-    as_views = _relations.views(rels)
-    cached = set(_relations.cached(rels))
-    db = con.execute("select current_database()").fetchall()[0][0]
-    main = f'"{db}".main'
-    started = time.perf_counter()
+    marks: dict[str, float] = {}
 
-    def stage(name: str, t: float) -> float:
-        now = time.perf_counter()
-        bd.stages.append((name, now - t))
-        return now
+    def on_plan(pl: _incremental.Plan) -> None:
+        bd.plan = pl
+        marks["planned"] = time.perf_counter()
 
-    con.execute("begin transaction")
-    try:
-        t = time.perf_counter()
-        parts = _incremental.Partitioning.read(con)
-        pl = bd.plan = _incremental.plan(con, parts)
-        if pl is None:
-            con.execute("rollback")
-            return bd
-        spans = int(con.execute("select count(*) from raw_spans").fetchall()[0][0])
-        _incremental._restrict_raw(con, db, pl, parts)
-        t = stage("plan + restricted raw views", t)
-        for rel in rels:
-            kind = "view" if rel.name in as_views else "table"
-            body = rel.sql.strip().rstrip(";")
-            r0 = time.perf_counter()
-            con.execute(f"create or replace temp {kind} {rel.name} as\n{body}")
-            bd.relations.append((f"{rel.name} ({kind})", time.perf_counter() - r0))
-        t = stage("relations over the region (create temp)", t)
-        t0 = pl.t0_ns
-        for side, schema in (("old", main), ("new", "temp.main")):
-            con.execute(f"create or replace temp table _owned_{side}_requests as "
-                        f"select request_key from {schema}.requests where anchor_ns >= {t0}")
-            con.execute(f"create or replace temp table _owned_{side}_decisions as "
-                        f"select decision_key from {schema}.int_attr_decisions_resolved "
-                        f"where request_key in (select request_key from _owned_{side}_requests)")
-            con.execute(f"create or replace temp table _owned_{side}_traces as "
-                        f"select distinct trace_id from {schema}.int_spans_clock_corrected "
-                        f"where request_key in (select request_key from _owned_{side}_requests)")
-            con.execute(f"create or replace temp table _owned_{side}_spans as "
-                        f"select span_id from {schema}.executions "
-                        f"where request_key in (select request_key from _owned_{side}_requests)")
-            t = stage(f"owned key sets ({side})", t)
-        # how much of the region the slice owns (outside the timed statements)
+    def on_built(name: str, seconds: float) -> None:
+        verb, _, what = name.partition(" ")
+        (bd.relations if verb == "build" else bd.writes).append((what, seconds))
+
+    def before_commit(c: duckdb.DuckDBPyConnection, spans: int) -> None:
         c0 = time.perf_counter()
-        q = con.execute
-        bd.counts["region_spans"] = int(q("select count(*) from temp.main.raw_spans").fetchall()[0][0])
-        bd.counts["region_requests"] = int(q("select count(*) from temp.main.requests").fetchall()[0][0])
-        bd.counts["owned_requests"] = int(q("select count(*) from _owned_new_requests").fetchall()[0][0])
-        bd.counts["stored_owned_requests"] = int(q("select count(*) from _owned_old_requests").fetchall()[0][0])
-        bd.counts["region_candidates"] = int(q("select count(*) from temp.main.int_attr_decisions_resolved")
-                                             .fetchall()[0][0])
-        counting_s = time.perf_counter() - c0
-        t = time.perf_counter()
-        stored = {r[0] for r in con.execute(
-            "select table_name from information_schema.tables "
-            "where table_catalog = current_database() and table_schema = 'main' "
-            "and table_type = 'BASE TABLE'").fetchall()}
-        for rel in rels:
-            targets: list[str] = []
-            if rel.name not in as_views and rel.name in stored:
-                targets.append(rel.name)
-            if rel.name in cached and rel.name + _relations.CACHE_SUFFIX in stored:
-                targets.append(rel.name + _relations.CACHE_SUFFIX)
-            for table in targets:
-                w0 = time.perf_counter()
-                cols = _incremental._columns(con, f"{main}.{table}")
-                kind = _incremental._ownership(cols)
-                names = ", ".join(f'"{c}"' for c in cols)
-                deleted = con.execute(f"delete from {main}.{table} "
-                                      f"where {_incremental._owned(kind, 'old', t0, parts)} "
-                                      f"or {_incremental._owned(kind, 'new', t0, parts)}").fetchall()[0][0]
-                inserted = con.execute(f"insert into {main}.{table} ({names}) "
-                                       f"select {names} from temp.main.{rel.name} "
-                                       f"where {_incremental._owned(kind, 'new', t0, parts)}").fetchall()[0][0]
-                bd.writes.append((f"{table} [{kind}]", time.perf_counter() - w0, int(deleted), int(inserted)))
-        t = stage("delete + insert the owned rows", t)
-        con.execute(f"delete from {main}.{_incremental.DIRTY_TABLE}")
-        _record_refresh(con, spans)
-        con.execute("commit")
-        stage("commit", t)
-    except BaseException:
-        con.execute("rollback")
-        raise
-    finally:
-        _incremental._drop_temp(con)
-    bd.total_s = time.perf_counter() - started - counting_s
+        for key, sql in (("region_spans", "select count(*) from temp.main.raw_spans"),
+                         ("region_requests", "select count(*) from temp.main.requests"),
+                         ("owned_requests", "select count(*) from _owned_new_requests"),
+                         ("stored_owned_requests", "select count(*) from _owned_old_requests")):
+            bd.counts[key] = int(c.execute(sql).fetchall()[0][0])
+        marks["counting"] = time.perf_counter() - c0
+        _record_refresh(c, spans)
+        marks["committing"] = time.perf_counter()
+
+    started = time.perf_counter()
+    _incremental.refresh(con, before_commit=before_commit, on_plan=on_plan, on_built=on_built)
+    ended = time.perf_counter()
+    if bd.plan is None:
+        return bd
+    bd.total_s = ended - started - marks["counting"]
+    build = sum(s for _, s in bd.relations)
+    write = sum(s for _, s in bd.writes)
+    commit = ended - marks["committing"]
+    plan = marks["planned"] - started
+    bd.stages = [("plan", plan), ("relations over the region (create temp)", build),
+                 ("restricted raw views, owned key sets", bd.total_s - plan - build - write - commit),
+                 ("delete + insert the owned rows", write), ("commit", commit)]
     return bd
 
 
@@ -433,8 +382,7 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
             print(f"      region: {c['region_spans']:,} raw spans, {c['region_requests']:,} requests recomputed, "
                   f"{c['owned_requests']:,} owned (anchor ≥ t0; "
                   f"{c['owned_requests'] / max(1, c['region_requests']):.0%}), "
-                  f"{one:,} new; {c['stored_owned_requests']:,} stored rows replaced; "
-                  f"{c['region_candidates']:,} decisions in the region")
+                  f"{one:,} new; {c['stored_owned_requests']:,} stored rows replaced")
         print(f"    (every relation over an empty region: {res['empty_region_s']:.2f} s, "
               f"{len(bd.relations)} statements)")
         for name, s in bd.stages:
@@ -443,8 +391,8 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
         for name, s in sorted(bd.relations, key=lambda r: -r[1])[:top]:
             print(f"      {name:<48} {s:7.3f} s")
         print("    slowest writes (delete + insert into the stored table):")
-        for name, s, d, ins in sorted(bd.writes, key=lambda r: -r[1])[:top]:
-            print(f"      {name:<48} {s:7.3f} s  −{d:,} +{ins:,} rows")
+        for name, s in sorted(bd.writes, key=lambda r: -r[1])[:top]:
+            print(f"      {name:<48} {s:7.3f} s")
         if big_step:
             st = step(store, traffic, at, at + n // 10)
             at += n // 10
