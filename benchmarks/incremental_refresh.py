@@ -18,10 +18,10 @@ For each size it prints:
 3. **steady state**: ``--steps`` times, the next 1 % of requests appended with ``Store.append``
    and ``Store(..., incremental=True).refresh()`` timed, with the slice's plan (t0, the region it
    reads, whether a partition became final);
-4. **one slice refresh timed step by step**: a copy of ``audit._incremental.refresh``'s loop
-   (same helpers, same statements, committed) timing each relation's ``create temp``, the owned
-   key sets and each stored table's delete + insert, and how many of the region's requests the
-   slice owns (the rest are context, computed and dropped);
+4. **one slice refresh timed step by step** through ``audit._incremental.refresh``'s hooks: each
+   relation's ``create temp`` over the region, each stored table's delete + insert, the rest by
+   difference; every relation over an empty region (the floor); and how many of the region's
+   requests the slice owns (the rest are context, computed and dropped);
 5. on the smaller store also 10 % appended at once, and the ratios of refresh time to new rows
    and to store size.
 
