@@ -32,6 +32,7 @@ from collectors.otlp._limits import ByteBudget, RepeatFilterInstalled
 from collectors.otlp._metrics import Metrics
 from collectors.otlp._spool import Spool, spool_path
 from collectors.otlp._status import one_line
+from collectors.otlp._verdict_metrics import VerdictMetrics
 from collectors.otlp._writer import Writer
 from collectors.otlp.config import CollectorConfig
 
@@ -62,6 +63,9 @@ class Collector:
         self._lock = threading.Lock()
         self._state = "new"
         self.metrics = Metrics()
+        self.verdicts = VerdictMetrics()
+        """``routeaudit_verdicts_*`` on ``/metrics``, read after each background refresh."""
+        self.metrics.registry.register(self.verdicts)
         self._store: Store | None = None
         self._writer: Writer | None = None
         self._spool: Spool | None = None
@@ -259,8 +263,10 @@ class Collector:
             if self._refresh_stop.wait(gap):
                 return
             self.metrics.inc("background_refresh_pause_seconds", gap)
+            refreshed = False
             try:
                 if store.refresh_if_due():
+                    refreshed = True
                     self.metrics.last_refresh_s = store.last_refresh_s
                     self.metrics.inc("background_refreshes")
                     self.metrics.inc("background_refresh_seconds", store.last_refresh_s)
@@ -268,6 +274,8 @@ class Collector:
                 self.metrics.inc("background_refresh_failures")
                 log.warning("refreshing the relations failed (next attempt in %.0f s): %s",
                             store.refresh_gap_s, one_line(exc))
+            # live verdict metrics: never raises (failures are counted and logged once)
+            self.verdicts.update_after_refresh(store, refreshed=refreshed)
             self._retain(store)
 
     def _retain(self, store: Store) -> None:
