@@ -114,7 +114,7 @@ EMPTY_SAYS = {
     "request": "Pick a request on the Slow requests page",
     "cache": "No requests with both predicted and actual cached tokens",
     "telemetry": "No decision records yet: is the router instrumented?",
-    "policies": "No runs in this store",
+    "policies": "Nothing to compare in this store",
     "sql": "Read-only",
 }
 

@@ -29,6 +29,10 @@ def server_only_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     forward = next(s for s in rows.spans if s["trace_id"] == failed and s["name"] == semconv.SPAN_FORWARD)
     forward["status_code"] = "error"
     forward["status_message"] = "ConnectError: [Errno 111] Connection refused"
+    # two router policies, and no run id anywhere (the client spans carried it)
+    for span in rows.spans:
+        if span["name"] == semconv.SPAN_DECISION and int(span["trace_id"][:-1], 16) % 2 == 0:
+            span["a_policy"] = "least_load"
     spans, events = rows.tables()
     keep = pc.not_equal(spans["name"], semconv.SPAN_CLIENT)
     path = tmp_path_factory.mktemp("server-only") / "audit.duckdb"
@@ -65,6 +69,32 @@ def test_slow_page_and_request_picker(server_only: audit.Reader) -> None:
     assert slow.height > 0 and slow["started_at"].null_count() == 0
     picked = queries.request_matches(server_only, "req-3")
     assert picked.height == 1 and picked["started_at"][0] is not None
+
+
+def test_policies_compared_without_run_ids(server_only: audit.Reader) -> None:
+    assert queries.run_list(server_only).height == 0  # no run id: nothing to compare by run
+    policies = queries.run_list(server_only, by="policy")
+    assert dict(zip(policies["policy"], policies["requests"], strict=True)) == {
+        "qp_cost": 11, "least_load": 10}
+    summary = queries.run_summaries(server_only, ["least_load", "qp_cost"], by="policy")
+    assert summary["policy"].to_list() == ["least_load", "qp_cost"]
+    assert summary["requests"].to_list() == [10, 11]
+    assert summary["failed"].to_list() == [0, 1]  # req-21, placed by qp_cost
+    failures = queries.run_failures(server_only, ["least_load", "qp_cost"], by="policy")
+    assert [(p, k.split()[0], n) for p, k, n in failures.rows()] == [("qp_cost", "error", 1)]
+    with pytest.raises(ValueError, match="run_id or policy"):
+        queries.run_list(server_only, by="replica")  # type: ignore[arg-type]
+
+
+def test_policies_page_without_run_ids(monkeypatch: pytest.MonkeyPatch, server_only_path: Path) -> None:
+    from test_pages import open_page, texts
+
+    at = open_page(monkeypatch, server_only_path, "policies", {"window": "all"})
+    assert not at.exception
+    assert [r.options for r in at.radio] == [["router policy"]]
+    shown = texts(at)
+    assert "No runs" not in shown and "qp_cost" in shown and "least_load" in shown
+    assert len(at.metric) >= 6  # goodput, attainment, failures for each policy
 
 
 def test_request_page_of_a_failed_forward(monkeypatch: pytest.MonkeyPatch, server_only_path: Path) -> None:
