@@ -273,8 +273,8 @@ def _families(snap: VerdictSnapshot) -> Iterator[Any]:
         labels=["quantile"])
     quantiles: tuple[tuple[str, float | None], ...] = (
         ("0.5", snap.ttft_p50_ms), ("0.99", snap.ttft_p99_ms))
-    for q, ms in quantiles:
-        ttft.add_metric([q], float("nan") if ms is None else ms / 1000)
+    for q, q_ms in quantiles:
+        ttft.add_metric([q], float("nan") if q_ms is None else q_ms / 1000)
     yield ttft
     yield GaugeMetricFamily(
         "routeaudit_verdicts_newest_request_timestamp_seconds",
