@@ -116,11 +116,15 @@ group by all
 def read_snapshot(store: _Store, window_s: float = DEFAULT_WINDOW_S) -> VerdictSnapshot | None:
     """The window's numbers from the store's relations as last refreshed; None when the
     relations hold no request yet. Raises what the queries raise."""
+    if store.newest_request_ns is None:
+        return None
+    # A query on the relations refreshes them first when rows arrived and the last refresh was
+    # quick, so the window's bounds are read after this one.
+    partition_ns = int(store.query_arrow(_PARTITION_SQL).column(0)[0].as_py())
     until = store.newest_request_ns
     if until is None:
         return None
     since = until - int(window_s * 1e9)
-    partition_ns = int(store.query_arrow(_PARTITION_SQL).column(0)[0].as_py())
     params = [since // partition_ns, since, until]
     requests = {s: 0 for s in (*STATUSES, "other")}
     provisional = 0
@@ -166,6 +170,7 @@ class VerdictMetrics(Collector):
         self._failing = False
         self._last_update_s: float | None = None
         self._last_duration_s = 0.0
+        self._horizon: tuple[int | None, int | None] = (None, None)
 
     @property
     def snapshot(self) -> VerdictSnapshot | None:
@@ -179,16 +184,21 @@ class VerdictMetrics(Collector):
             return self._failures
 
     def update_after_refresh(self, store: _Store, *, refreshed: bool) -> None:
-        """Update when the relations changed, or when nothing was read yet (a collector started
-        on a store whose relations were already built)."""
-        if refreshed or (self._updates == 0 and store.newest_request_ns is not None):
+        """Update when the background thread refreshed the relations, or when their horizon
+        moved since the last update (a query refreshed them, or a collector started on a store
+        whose relations were already built)."""
+        horizon = (store.newest_request_ns, store.final_until_ns)
+        if refreshed or (horizon[0] is not None and horizon != self._horizon):
             self.update(store)
 
     def update(self, store: _Store) -> None:
         """Read the window from ``store`` (own thread; never raises)."""
         started = time.perf_counter()
+        # a failed read waits for the next refresh rather than retrying on every check
+        self._horizon = (store.newest_request_ns, store.final_until_ns)
         try:
             snap = read_snapshot(store, self.window_s)
+            self._horizon = (store.newest_request_ns, store.final_until_ns)
         except Exception as exc:  # ingest must go on whatever the relations do
             with self._lock:
                 self._failures += 1
@@ -279,17 +289,16 @@ def _families(snap: VerdictSnapshot) -> Iterator[Any]:
     yield GaugeMetricFamily(
         "routeaudit_verdicts_newest_request_timestamp_seconds",
         "Event time of the newest request in the relations", value=snap.newest_request_ns / 1e9)
-    if snap.newest_span_ns is not None:
-        yield GaugeMetricFamily(
-            "routeaudit_verdicts_relations_lag_seconds",
-            "Newest span stored minus newest request in the relations (event time, >= 0): how "
-            "far the relations run behind the raw spans",
-            value=max(0.0, (snap.newest_span_ns - snap.newest_request_ns) / 1e9))
-    if snap.final_until_ns is not None:
-        yield GaugeMetricFamily(
-            "routeaudit_verdicts_final_until_timestamp_seconds",
-            "Verdicts of requests anchored before this event time are final",
-            value=snap.final_until_ns / 1e9)
+    yield GaugeMetricFamily(
+        "routeaudit_verdicts_relations_lag_seconds",
+        "Newest span stored minus newest request in the relations (event time, >= 0): how "
+        "far the relations run behind the raw spans",
+        value=float("nan") if snap.newest_span_ns is None
+        else max(0.0, (snap.newest_span_ns - snap.newest_request_ns) / 1e9))
+    yield GaugeMetricFamily(
+        "routeaudit_verdicts_final_until_timestamp_seconds",
+        "Verdicts of requests anchored before this event time are final; NaN when none is yet",
+        value=float("nan") if snap.final_until_ns is None else snap.final_until_ns / 1e9)
     yield GaugeMetricFamily(
         "routeaudit_verdicts_provisional_seconds",
         "Newest request minus final_until (event time): how much of the recent past is still "
