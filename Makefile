@@ -13,6 +13,11 @@ setup-test:
 		(apt-get update -q && apt-get install -y -q chromium) >/tmp/routeaudit-apt.log 2>&1 \
 		|| echo "warning: could not install Debian chromium (see /tmp/routeaudit-apt.log); browser tests will be skipped"; \
 	fi
+	@# Debian's Prometheus (promtool + server) checks deploy/prometheus and scrapes a live collector.
+	@if [ ! -x /usr/bin/promtool ] || [ ! -x /usr/bin/prometheus ]; then \
+		(apt-get update -q && apt-get install -y -q --no-install-recommends prometheus) >>/tmp/routeaudit-apt.log 2>&1 \
+		|| echo "warning: could not install Debian prometheus (see /tmp/routeaudit-apt.log); Prometheus tests will be skipped"; \
+	fi
 
 demo: setup
 	routeaudit demo --db demo.duckdb
