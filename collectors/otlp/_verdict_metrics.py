@@ -40,6 +40,12 @@ CAUSES: Final = ("misrouting", "eviction", "stale_telemetry", "overload", "slow_
 exported, 0 when absent, so a share of them is defined as soon as one request is slow."""
 
 
+UPDATE_MAX_SHARE: Final = 0.25
+"""Longest share of the time spent updating: after an update of *d* seconds the next waits at
+least *d* × (1 − share) / share, whatever refreshes happened meanwhile (the next one after the
+pause, or a moved horizon, brings the numbers up to date)."""
+
+
 class _Store(Protocol):
     """What the update reads from :class:`audit.Store`."""
 
@@ -121,7 +127,7 @@ def read_snapshot(store: _Store, window_s: float = DEFAULT_WINDOW_S) -> VerdictS
     # A query on the relations refreshes them first when rows arrived and the last refresh was
     # quick, so the window's bounds are read after this one.
     partition_ns = int(store.query_arrow(_PARTITION_SQL).column(0)[0].as_py())
-    until = store.newest_request_ns
+    until, final_until = store.newest_request_ns, store.final_until_ns
     if until is None:
         return None
     since = until - int(window_s * 1e9)
@@ -147,7 +153,7 @@ def read_snapshot(store: _Store, window_s: float = DEFAULT_WINDOW_S) -> VerdictS
     return VerdictSnapshot(
         window_start_ns=since, newest_request_ns=until,
         newest_span_ns=None if newest_span is None else int(newest_span),
-        final_until_ns=store.final_until_ns, requests=requests,
+        final_until_ns=final_until, requests=requests,
         provisional_requests=provisional, slow_by_cause=by_cause, slow_by_kind=by_kind,
         excess_ms_by_cause=excess, good_requests=requests["ok"] - ok_slow,
         ttft_p50_ms=ttft["p50"], ttft_p99_ms=ttft["p99"])
@@ -171,6 +177,8 @@ class VerdictMetrics(Collector):
         self._last_update_s: float | None = None
         self._last_duration_s = 0.0
         self._horizon: tuple[int | None, int | None] = (None, None)
+        self._last_attempt = float("-inf")
+        self._pending = False
 
     @property
     def snapshot(self) -> VerdictSnapshot | None:
@@ -186,21 +194,36 @@ class VerdictMetrics(Collector):
     def update_after_refresh(self, store: _Store, *, refreshed: bool) -> None:
         """Update when the background thread refreshed the relations, or when their horizon
         moved since the last update (a query refreshed them, or a collector started on a store
-        whose relations were already built)."""
+        whose relations were already built); within :data:`UPDATE_MAX_SHARE`, so a change seen
+        during the pause is read once it ends (the refresh loop calls this at every check)."""
         horizon = (store.newest_request_ns, store.final_until_ns)
-        if refreshed or (horizon[0] is not None and horizon != self._horizon):
-            self.update(store)
+        self._pending = self._pending or refreshed or (
+            horizon[0] is not None and horizon != self._horizon)
+        if not self._pending:
+            return
+        # In a small store attributions is computed at query time (no cached table), so an
+        # update can cost as much as the refresh beside it: pace them to a share of the time.
+        since_last = time.monotonic() - self._last_attempt
+        if since_last < self._last_duration_s * (1 - UPDATE_MAX_SHARE) / UPDATE_MAX_SHARE:
+            return
+        self.update(store)
 
     def update(self, store: _Store) -> None:
         """Read the window from ``store`` (own thread; never raises)."""
         started = time.perf_counter()
+        self._last_attempt = time.monotonic()
+        self._pending = False
         # a failed read waits for the next refresh rather than retrying on every check
         self._horizon = (store.newest_request_ns, store.final_until_ns)
         try:
             snap = read_snapshot(store, self.window_s)
-            self._horizon = (store.newest_request_ns, store.final_until_ns)
+            # the horizon this snapshot read: a query of it may have refreshed the relations
+            # again, and then the next check sees the horizon moved
+            if snap is not None:
+                self._horizon = (snap.newest_request_ns, snap.final_until_ns)
         except Exception as exc:  # ingest must go on whatever the relations do
             with self._lock:
+                self._last_duration_s = time.perf_counter() - started
                 self._failures += 1
                 first = not self._failing
                 self._failing = True
@@ -235,7 +258,7 @@ class VerdictMetrics(Collector):
                 "Wall-clock time of the last successful update", value=last_update_s)
             yield GaugeMetricFamily(
                 "routeaudit_verdicts_update_duration_seconds",
-                "Seconds the last update's queries took", value=duration_s)
+                "Seconds the last update's queries took (failed or not)", value=duration_s)
         if snap is None:
             return
         yield from _families(snap)

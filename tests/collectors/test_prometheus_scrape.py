@@ -38,14 +38,14 @@ NO_PROMETHEUS = ("Debian's prometheus package is not installed (make setup-test 
                  "apt-get install prometheus)")
 
 
-def _wait(what: str, check: Any) -> Any:
+def _wait(what: str, check: Any, state: Any = lambda: "") -> Any:
     deadline = time.monotonic() + WAIT_S
     while True:
         got = check()
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what} {state()}")
         time.sleep(0.1)
 
 
@@ -77,7 +77,10 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Collector]:
             return (store.relations_lag_spans == 0 and snap is not None
                     and snap.newest_request_ns == store.newest_request_ns)
 
-        _wait("the verdict metrics of every span", caught_up)
+        _wait("the verdict metrics of every span", caught_up, lambda: (
+            f"lag {store.relations_lag_spans}, newest {store.newest_request_ns}, verdicts "
+            f"{c.verdicts.snapshot and c.verdicts.snapshot.newest_request_ns}, "
+            f"failures {c.verdicts.failures}, refresh error {store.last_refresh_error}"))
         yield c
 
 
@@ -177,10 +180,12 @@ def test_a_real_prometheus_scrapes_the_collector_and_fires_an_alert(
             if proc.poll() is not None:
                 raise AssertionError((tmp_path / "prometheus.log").read_text()[-2000:])
             try:
-                got = httpx.get(f"{api}/query", params={"query": q}, timeout=5).json()
+                answer = httpx.get(f"{api}/query", params={"query": q}, timeout=5)
             except httpx.TransportError:
                 return []
-            result: list[dict[str, Any]] = got["data"]["result"]
+            if answer.status_code != 200:  # still starting ("Service Unavailable")
+                return []
+            result: list[dict[str, Any]] = answer.json()["data"]["result"]
             return result
 
         by_status = _wait("a scrape of routeaudit_verdicts_requests",

@@ -118,7 +118,7 @@ def test_an_empty_store_then_a_failing_update(tmp_path: Path, caplog: pytest.Log
     s.close()  # every query now fails
     with caplog.at_level(logging.WARNING, logger="routeaudit.collector"):
         vm.update(s)
-        vm.update_after_refresh(s, refreshed=True)
+        vm.update(s)
         vm.update_after_refresh(s, refreshed=False)  # updated before and nothing new: no query
     assert vm.failures == 2
     assert len([r for r in caplog.records if "verdict metrics" in r.getMessage()]) == 1
@@ -126,3 +126,19 @@ def test_an_empty_store_then_a_failing_update(tmp_path: Path, caplog: pytest.Log
     text = generate_latest(reg).decode()
     assert "routeaudit_verdicts_update_failures_total 2.0" in text
     assert 'routeaudit_verdicts_requests{status="ok"} 0.0' in text
+
+
+def test_updates_are_paced_and_a_refresh_seen_meanwhile_is_read_after(store: Store) -> None:
+    vm = VerdictMetrics()
+    vm.update_after_refresh(store, refreshed=False)  # relations already built: read at once
+    assert vm.snapshot is not None
+    first = vm.snapshot
+    vm._last_duration_s = 3600.0  # as if the last update took an hour: the next waits 3 hours
+    vm.update_after_refresh(store, refreshed=True)
+    assert vm.snapshot is first
+    vm._last_duration_s = 0.0  # the pause is over: the refresh seen during it is read now
+    vm.update_after_refresh(store, refreshed=False)
+    assert vm.snapshot is not first and vm.snapshot == first
+    again = vm.snapshot
+    vm.update_after_refresh(store, refreshed=False)  # nothing new since
+    assert vm.snapshot is again
