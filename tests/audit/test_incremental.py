@@ -80,6 +80,10 @@ COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attr
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, Store, list[str]]]:
+    # the default-SLO tables of the public views, as a large store has them, so that their
+    # rewriting is compared too (below CACHE_MIN_SPANS the views compute live)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(_relations, "CACHE_MIN_SPANS", 0)
     d = tmp_path_factory.mktemp("incremental")
     raw = tiled_sample()
     one = new_store(d / "one.duckdb", incremental=False)
@@ -93,10 +97,14 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, St
         inc.refresh()
         kinds.append(inc.last_refresh_kind)
     try:
+        cached = inc._con.execute("select count(*) from duckdb_tables() where table_name like "
+                                  "'%__cached'").fetchall()[0][0]
+        assert cached >= 3, "the default-SLO tables exist"
         yield one, inc, kinds
     finally:
         one.close()
         inc.close()
+        patch.undo()
 
 
 def test_batches_after_the_first_refresh_by_slices(stores: tuple[Store, Store, list[str]]) -> None:
