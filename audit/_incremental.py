@@ -282,6 +282,8 @@ def refresh(con: duckdb.DuckDBPyConnection,
             kind = _ownership(cols)
             names = ", ".join(f'"{c}"' for c in cols)
             if kind == "whole" and table != relation:
+                if "run_id" not in cols:
+                    raise StoreError(f"{table} has no key a slice can own its rows by")
                 whole.append((relation, table, names))
                 continue
             con.execute(f"delete from {main}.{table} "
@@ -293,15 +295,26 @@ def refresh(con: duckdb.DuckDBPyConnection,
                         f"where {_owned(kind, 'new', t0, parts)}{order}")
             if on_built is not None:
                 on_built(f"replace {table}", time.perf_counter() - started)
-        # A default-SLO table with no rows of its own time (per run, over the store) is its live
-        # view over the stored tables just rewritten; the slice's temporary relations go first,
-        # as they would shadow the stored ones the view reads.
+        # A default-SLO table with no rows of its own time (per run over the store: slo_summary,
+        # calibration) gets the rows of the runs the slice touched from its live view over the
+        # stored tables just rewritten; the slice's temporary relations go first, as they would
+        # shadow the stored ones the view reads. Traffic without a run id is one group: its row
+        # is recomputed over the whole store.
+        runs = [r[0] for r in con.execute(
+            "select distinct run_id from (select run_id, request_key from main.requests "
+            "union all select run_id, request_key from temp.main.requests) "
+            "where request_key in (select request_key from _owned_old_requests "
+            "union all select request_key from _owned_new_requests)").fetchall()]
+        touched = " or ".join(
+            (["run_id in (select unnest(?::varchar[]))"] if any(r is not None for r in runs) else [])
+            + (["run_id is null"] if None in runs else [])) or "false"
+        named = [[r for r in runs if r is not None]] if any(r is not None for r in runs) else []
         _drop_temp(con)
         for relation, table, names in whole:
             started = time.perf_counter()
-            con.execute(f"delete from {main}.{table}")
+            con.execute(f"delete from {main}.{table} where {touched}", named)
             con.execute(f"insert into {main}.{table} ({names}) select {names} "
-                        f"from {main}.{relation}{_relations.LIVE_SUFFIX}")
+                        f"from {main}.{relation}{_relations.LIVE_SUFFIX} where {touched}", named)
             if on_built is not None:
                 on_built(f"replace {table}", time.perf_counter() - started)
         con.execute(f"delete from {main}.{DIRTY_TABLE}")
