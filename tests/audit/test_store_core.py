@@ -184,7 +184,7 @@ def test_slo_reaches_the_relations_as_session_variables(store_path: Path) -> Non
 
 def test_public_surface() -> None:
     assert sorted(audit.__all__) == sorted([
-        "open", "Store", "Reader", "Reads", "SLO", "load_slo", "sidecar_path", "without_null_columns",
+        "open", "Store", "Retained", "Reader", "Reads", "SLO", "load_slo", "sidecar_path", "without_null_columns",
         "QueryLimits", "QueryCancel", "AuditError", "StoreError", "QueryError", "ReadOnlyError",
         "QueryTimeout", "QueryCancelled", "CollectorUnavailable"])
     for name in audit.__all__:
