@@ -1,42 +1,130 @@
-"""Testbed speed: the whole Mooncake conversation trace (12,031 requests) on 8 replicas in
-virtual time, without span emission. Prints wall time and ratios.
+"""Testbed speed: the Mooncake conversation trace (12,031 requests) on 8 replicas in virtual
+time. Prints wall time, simulated requests per wall second and, with ``--emit``, the same
+including span emission.
 
     python3 benchmarks/testbed_speed.py [--scenario baseline] [--policy qp_cost] [--n N]
+        [--emit none|recording|otel-memory] [--baseline-tree DIR] [--rounds K]
+
+``--emit recording`` hands every finished request to an in-process ``RecordingEmitter``;
+``otel-memory`` emits client, router and replica spans through the real OpenTelemetry SDK
+(``BatchSpanProcessor``) into an ``InMemorySpanExporter``, so it measures span construction
+and the SDK, not a network hop.
+
+``--baseline-tree DIR`` runs the same measurement with the ``testbed`` package of another
+checkout (for example ``git archive <rev> testbed | tar -x -C DIR``) in a subprocess, alternating
+with this tree ``--rounds`` times, and prints both figures and their ratio from one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
-import testbed
+REPO = Path(__file__).resolve().parents[1]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--scenario", default="baseline")
-    ap.add_argument("--policy", default=None)
-    ap.add_argument("--n", type=int, default=None, help="first N requests (default: all)")
-    ap.add_argument("--replicas", type=int, default=8)
-    args = ap.parse_args()
+def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    import testbed
+    from testbed.emit import RecordingEmitter, SpanEmitter
+
+    emitter: SpanEmitter | None = None
+    mem: Any = None
+    if args.emit == "recording":
+        emitter = RecordingEmitter()
+    elif args.emit == "otel-memory":
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        from testbed._otel_emit import OTelEmitter
+
+        mem = InMemorySpanExporter()
+        emitter = OTelEmitter(mem)
     t = time.perf_counter()
     sim = testbed.prepare_scenario(args.scenario, n_requests=args.n, replicas=args.replicas,
-                                   policy=args.policy)
+                                   policy=args.policy, emitter=emitter)
     load_s = time.perf_counter() - t
     t = time.perf_counter()
     sim.run()
+    if emitter is not None:
+        emitter.close()
     run_s = time.perf_counter() - t
     t = time.perf_counter()
     rows = sim.ground_truth_rows()
     gt_s = time.perf_counter() - t
     s = sim.summary(run_s)
-    print(f"scenario={s.scenario} policy={s.policy} requests={s.n_requests} replicas={args.replicas}")
-    print(f"load {load_s:6.2f} s   simulate+label {run_s:6.2f} s   ground-truth rows {gt_s:6.2f} s ({len(rows)})")
-    print(f"virtual time {s.sim_duration_s:8.1f} s   speed-up x{s.sim_duration_s / run_s:8.1f}")
-    print(f"requests/s (wall) {s.n_requests / run_s:8.0f}   events {s.events}   events/s {s.events / run_s:8.0f}")
-    print(f"TTFT p50 {s.ttft_p50_ms:.0f} ms  p90 {s.ttft_p90_ms:.0f} ms  p99 {s.ttft_p99_ms:.0f} ms  "
-          f"cached {s.cached_token_fraction:.1%}  slow {s.n_slow}")
-    print(f"primary causes {s.primary_cause_counts}")
+    return {
+        "scenario": s.scenario, "policy": s.policy, "requests": s.n_requests, "load_s": load_s,
+        "run_s": run_s, "gt_s": gt_s, "rows": len(rows), "virtual_s": s.sim_duration_s,
+        "events": s.events, "spans": len(mem.get_finished_spans()) if mem is not None else None,
+        "ttft": (s.ttft_p50_ms, s.ttft_p90_ms, s.ttft_p99_ms), "cached": s.cached_token_fraction,
+        "slow": s.n_slow, "causes": s.primary_cause_counts,
+    }
+
+
+def _print(m: dict[str, Any], label: str = "") -> None:
+    run_s = m["run_s"]
+    print(f"{label}scenario={m['scenario']} policy={m['policy']} requests={m['requests']}")
+    print(f"{label}load {m['load_s']:6.2f} s   simulate+label{'+emit' if m['spans'] is not None else ''} "
+          f"{run_s:6.2f} s   ground-truth rows {m['gt_s']:6.2f} s ({m['rows']})")
+    print(f"{label}virtual time {m['virtual_s']:8.1f} s   speed-up x{m['virtual_s'] / run_s:8.1f}")
+    print(f"{label}requests/s (wall) {m['requests'] / run_s:8.0f}   events {m['events']}   "
+          f"events/s {m['events'] / run_s:8.0f}" + (f"   spans {m['spans']}" if m["spans"] else ""))
+    p50, p90, p99 = m["ttft"]
+    print(f"{label}TTFT p50 {p50:.0f} ms  p90 {p90:.0f} ms  p99 {p99:.0f} ms  "
+          f"cached {m['cached']:.1%}  slow {m['slow']}")
+    print(f"{label}primary causes {m['causes']}")
+
+
+def _child(tree: Path, argv: list[str]) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(REPO)]))
+    out = subprocess.run([sys.executable, __file__, "--json", *argv], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", default="baseline")
+    ap.add_argument("--policy", default=None)
+    ap.add_argument("--n", type=int, default=None, help="first N requests (default: all)")
+    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--emit", choices=["none", "recording", "otel-memory"], default="none")
+    ap.add_argument("--baseline-tree", type=Path, default=None,
+                    help="another checkout whose testbed package is measured alternately")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.json:
+        print(json.dumps(_measure(args)))
+        return
+    if args.baseline_tree is None:
+        _print(_measure(args))
+        return
+    argv = [f"--scenario={args.scenario}", f"--replicas={args.replicas}", f"--emit={args.emit}"]
+    if args.policy:
+        argv.append(f"--policy={args.policy}")
+    if args.n:
+        argv.append(f"--n={args.n}")
+    before: list[float] = []
+    after: list[float] = []
+    last: dict[str, dict[str, Any]] = {}
+    for _ in range(args.rounds):  # alternate so both see the same machine load
+        for name, tree, acc in (("before", args.baseline_tree.resolve(), before), ("after", REPO, after)):
+            m = _child(tree, argv)
+            acc.append(m["requests"] / m["run_s"])
+            last[name] = m
+    for name in ("before", "after"):
+        _print(last[name], f"[{name}] ")
+    b, a = statistics.median(before), statistics.median(after)
+    print(f"requests/s (wall), median of {args.rounds}: before {b:.0f}  after {a:.0f}  x{a / b:.2f}")
+    same = {k: last["before"][k] == last["after"][k] for k in ("ttft", "slow", "causes", "spans")}
+    print(f"same outcomes before/after: {same}")
 
 
 if __name__ == "__main__":

@@ -246,12 +246,20 @@ class Replica:
         pool = self.pool
         comp = min(seq.computed, p)
         refs = seq.refs
-        while len(refs) < len(keys):
+        bs = self._bs
+        per_seg = -(-bt // bs)  # blocks of one full segment, as in _prompt_blocks
+        n_keys = len(keys)
+        while len(refs) < n_keys:
             i = len(refs)
-            end = min((i + 1) * bt, p)
-            if comp < end:
-                break
-            nb = self._prompt_blocks(req, end) - self._prompt_blocks(req, i * bt)
+            end = (i + 1) * bt
+            if end <= p:
+                if comp < end:
+                    break
+                nb = per_seg
+            else:
+                if comp < p:
+                    break
+                nb = self._prompt_blocks(req, p) - i * per_seg
             e = pool.entries.get(keys[i])
             seq.own -= nb
             if e is None:

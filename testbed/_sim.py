@@ -6,6 +6,7 @@ cache contents) and at prefill/finish time; it never reads anything an audit pro
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -222,19 +223,26 @@ class Simulation:
         else:
             rec.d_oracle = rec.d_true_load
         cost = self.cfg.cost
+        # CostModel.estimate_ms inlined (same float operations in the same order, so
+        # bit-identical): once per replica per simulated request.
+        overhead = cost.step_overhead_ms
+        per_seq = cost.decode_ms_per_seq
+        pmt = cost.prefill_ms_per_token
+        attn = cost.prefill_attn_ms_per_token2
+        inp = req.input_tokens
         est = []
         for k, r in enumerate(self.replicas):
             c = true_cached[k]
-            est.append(
-                cost.estimate_ms(
-                    backlog_prefill_tokens=true_snaps[k].remaining_prefill_tokens,
-                    n_running=true_snaps[k].running,
-                    uncached_tokens=req.input_tokens - c,
-                    cached_tokens=c,
-                    max_batched_tokens=r.cfg.max_batched_tokens,
-                    speed=r.cfg.speed,
-                )
-            )
+            u = inp - c
+            snap = true_snaps[k]
+            rcfg = r.cfg
+            rmbt = rcfg.max_batched_tokens
+            speed = rcfg.speed
+            per_step = overhead + per_seq * snap.running
+            backlog = max(0.0, snap.remaining_prefill_tokens)
+            q = backlog * pmt + math.ceil(backlog / rmbt) * per_step
+            p = u * (pmt + attn * (c + u / 2)) + max(1, math.ceil(u / rmbt)) * per_step
+            est.append((q / speed, p / speed))
         rec.est = est
         # ---- act
         reach = now + self.cfg.router.forward_latency_s
