@@ -213,17 +213,17 @@ def _key_sets(con: duckdb.DuckDBPyConnection, side: str, schema: str, requests_w
                     f"select {key} from {schema}.{relation} where {of_requests}")
 
 
+_KEYED: Final = {"request": ("request_key", "requests"), "decision": ("decision_key", "decisions"),
+                  "trace": ("trace_id", "traces"), "span": ("span_id", "spans")}
+"""Ownership kinds decided by a key set :func:`_key_sets` prepares: (key column, set name)."""
+
+
 def _owned(kind: str, side: str, t0: int, parts: Partitioning) -> str:
     """The predicate selecting the owned rows of a relation on ``side`` (``old``: as stored,
     ``new``: as recomputed), over the key sets :func:`refresh` prepares."""
-    if kind == "request":
-        return f"request_key in (select request_key from _owned_{side}_requests)"
-    if kind == "decision":
-        return f"decision_key in (select decision_key from _owned_{side}_decisions)"
-    if kind == "trace":
-        return f"trace_id in (select trace_id from _owned_{side}_traces)"
-    if kind == "span":
-        return f"span_id in (select span_id from _owned_{side}_spans)"
+    if kind in _KEYED:
+        column, keys = _KEYED[kind]
+        return f"{column} in (select {column} from _owned_{side}_{keys})"
     if kind == "part":
         return f"part >= {t0 // parts.partition_ns}"
     if kind == "scraped_ns":
