@@ -30,7 +30,7 @@ from collectors.otlp._decode import NATIVE_AVAILABLE
 pytestmark = pytest.mark.skipif(not NATIVE_AVAILABLE, reason="native extension not built")
 
 SHORT = list(semconv.CANDIDATE_JSON_KEYS.values())
-CI = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CI = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _spans(texts: list[str | None]) -> pa.Table:

@@ -241,7 +241,7 @@ def requests(awkward: bool) -> st.SearchStrategy[bytes]:
 
 
 REQUESTS = requests(awkward=True)
-CI = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CI = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @CI
@@ -269,7 +269,7 @@ def test_damaged_requests_equal(body: bytes, pos: int, junk: bytes) -> None:
     assert_same(body + junk)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=200))
 def test_random_bytes_equal(body: bytes) -> None:
     assert_same(body)

@@ -179,7 +179,7 @@ def test_well_formed_documents_take_the_fast_path_and_equal_parse_dict(doc: dict
     assert assert_same(doc)
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_damaged())
 def test_damaged_documents_never_differ_from_parse_dict(doc: dict[str, Any]) -> None:
     assert_same(doc)
@@ -257,14 +257,14 @@ def test_transcoder_answers_for_well_formed_documents_with_build_requests_bytes(
 
 
 @needs_transcoder
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_damaged())
 def test_transcoder_never_answers_otherwise_for_damaged_documents(doc: dict[str, Any]) -> None:
     assert_transcoded(json.dumps(doc).encode())
 
 
 @needs_transcoder
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_DOC, st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 3), st.binary(min_size=1, max_size=3)),
                       min_size=1, max_size=3))
 def test_transcoder_never_answers_otherwise_for_damaged_text(
