@@ -115,6 +115,13 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
         """).fetchall()[0][0]
         if joined is not None:
             t0 = min(t0, int(joined))
+        final_until = horizon(con)[0]
+        if final_until is not None and t0 < final_until:
+            # Later than the lateness allowed: the row lands in a partition already final. It
+            # re-opens it (and the windows after it), and the requests whose executions it may
+            # have overlapped, back to a partition boundary: the final verdicts there are
+            # recomputed as a one-shot build would give them.
+            t0 = parts.start_of(t0 - parts.max_request_ns)
     newest = con.execute("select max(start_ns) from raw_spans").fetchall()[0][0]
     finalising: int | None = None
     if newest is not None:
@@ -161,13 +168,15 @@ def _restrict_raw(cur: duckdb.DuckDBPyConnection, db: str, pl: Plan, parts: Part
     lo = int(pl.read_from_ns)
     far = lo - parts.max_request_ns - SKEW_NS
     # A trace that reaches into the region brings its earlier spans (a retry minutes after the
-    # first attempt must not make a request of its own).
+    # first attempt must not make a request of its own), and so does a span still running when
+    # the region starts (an execution in flight: whether a replica was idle or queued then).
     cur.execute(f"""create or replace temp view raw_spans as
         select * from {raw}.raw_spans where start_ns >= {lo}
         union all
         select * from {raw}.raw_spans
         where start_ns >= {far} and start_ns < {lo}
-          and trace_id in (select trace_id from {raw}.raw_spans where start_ns >= {lo})""")
+          and (end_ns >= {lo}
+               or trace_id in (select trace_id from {raw}.raw_spans where start_ns >= {lo}))""")
     cur.execute(f"create or replace temp view raw_span_events as select e.* "
                 f"from {raw}.raw_span_events as e semi join temp.main.raw_spans as s "
                 f"using (trace_id, span_id)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -25,36 +26,36 @@ from audit._store import Store
 BATCHES = 16
 
 
-def _batches(raw: dict[str, pa.Table], seed: int) -> list[dict[str, pa.Table]]:
-    """Spans cut by their end time (an exporter sends a span when it ends) into BATCHES
+def _batches(raw: dict[str, pa.Table], seed: int, batches: int = BATCHES) -> list[dict[str, pa.Table]]:
+    """Spans cut by their end time (an exporter sends a span when it ends) into batches
     batches, each span moved to a neighbouring batch with probability 1/4; one batch resent;
     each span's events with it; scrapes by scrape time."""
     rng = random.Random(seed)
     spans, events, snaps = raw["raw_spans"], raw["raw_span_events"], raw["raw_snapshots"]
     ends = spans.column("end_ns").to_pylist()
     lo, hi = min(ends), max(ends) + 1
-    width = (hi - lo) / BATCHES
+    width = (hi - lo) / batches
     which = []
     for e in ends:
         b = int((e - lo) / width)
         if rng.random() < 0.25:
             b += rng.choice((-1, 1, 2))
-        which.append(min(max(b, 0), BATCHES - 1))
+        which.append(min(max(b, 0), batches - 1))
     scrape_at = snaps.column("scraped_ns").to_pylist()
     out: list[dict[str, pa.Table]] = []
     keys = [f"{t}:{s}" for t, s in zip(spans.column("trace_id").to_pylist(),
                                          spans.column("span_id").to_pylist(), strict=True)]
     ev_keys = pc.binary_join_element_wise(events.column("trace_id"), events.column("span_id"), ":")
-    for b in range(BATCHES):
+    for b in range(batches):
         mask = pa.array([w == b for w in which], pa.bool_())
         part = spans.filter(mask)
         chosen = pa.array([k for k, w in zip(keys, which, strict=True) if w == b], pa.string())
         ev = events.filter(pc.is_in(ev_keys, value_set=chosen))
         t_lo, t_hi = lo + b * width, lo + (b + 1) * width
         sn = snaps.filter(pa.array([(t_lo <= s < t_hi) or (b == 0 and s < t_lo)
-                                    or (b == BATCHES - 1 and s >= t_hi) for s in scrape_at], pa.bool_()))
+                                    or (b == batches - 1 and s >= t_hi) for s in scrape_at], pa.bool_()))
         out.append({"spans": part, "events": ev, "snapshots": sn})
-    resent = rng.randrange(1, BATCHES - 1)
+    resent = rng.randrange(1, batches - 1)
     out.insert(resent + 2, {"spans": out[resent]["spans"], "events": out[resent]["events"],
                             "snapshots": out[resent]["snapshots"].slice(0, 0)})
     return out
@@ -122,3 +123,27 @@ def test_slices_give_the_one_shot_relations(stores: tuple[Store, Store, list[str
     assert len(a) == len(b) and not only_one and not only_inc, (
         f"{relation}: one-shot {len(a)} rows, incremental {len(b)}\n"
         f"only one-shot: {only_one}\nonly incremental: {only_inc}")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known inexactness: cut into 10 batches, a partition's idle-prefill fit is computed once from "
+    "6 idle points where the one-shot build finds 5 (its attributions' idle estimates differ); "
+    "the windowed summaries of a partition are not recomputed when a later row changes which "
+    "of its executions count as idle"))
+def test_ten_batches_give_the_one_shot_attributions(tmp_path: Path) -> None:
+    raw = tiled_sample()
+    patch = pytest.MonkeyPatch()
+    patch.setattr(_relations, "CACHE_MIN_SPANS", 0)
+    one = new_store(tmp_path / "one.duckdb", incremental=False)
+    inc = new_store(tmp_path / "inc.duckdb", incremental=True)
+    try:
+        one.append(spans=raw["raw_spans"], events=raw["raw_span_events"])
+        one.refresh()
+        for batch in _batches(raw, seed=7, batches=10):
+            inc.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
+            inc.refresh()
+        assert _rows(one, "attributions") == _rows(inc, "attributions")
+    finally:
+        one.close()
+        inc.close()
+        patch.undo()
