@@ -90,6 +90,7 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
     final. ``con`` reads the store's stored relations (a transaction started by the caller)."""
     dirty_rows, dirty_min = con.execute(
         f"select count(*), min(start_ns) from {DIRTY_TABLE}").fetchall()[0]
+    floor = _slice_floor(con, parts)
     t0: int | None = None
     if dirty_rows:
         t0 = int(dirty_min) - SKEW_NS
@@ -128,7 +129,6 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
         # Partitions the watermark has passed (end + longest request) whose rows are not final
         # yet: recomputed once, then marked final by the SQL.
         watermark = int(newest) - parts.lateness_ns
-        floor = _slice_floor(con, parts)
         row = con.execute(
             "select min(part) from requests where not verdict_final "
             "and (part + 1) * ? + ? <= ? and anchor_ns >= ?",
@@ -140,7 +140,6 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
             t0 = start if t0 is None else min(t0, start)
     if t0 is None:
         return None
-    floor = _slice_floor(con, parts)
     if floor is not None and t0 < floor:
         # retention deleted the raw rows such a slice would read: rows anchored before the
         # floor keep the verdicts they have
