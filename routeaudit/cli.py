@@ -218,6 +218,28 @@ def cmd_sample_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from routeaudit._whatif import format_whatif, run_whatif
+
+    result = run_whatif(
+        Path(args.db), policy=args.policy, run=args.run, since=args.since, until=args.until,
+        replicas=args.replicas, telemetry_interval_s=args.telemetry_interval,
+        kv_capacity_tokens=args.kv_capacity_tokens,
+        out=None if args.no_store else Path(args.out or _whatif_out(args.db)), seed=args.seed,
+        slo=_slo(args), progress=not args.quiet, log=_silent if args.quiet else None)
+    print(format_whatif(result))
+    return 0
+
+
+def _silent(_text: str) -> None:
+    pass
+
+
+def _whatif_out(db: str) -> Path:
+    path = Path(db)
+    return path.with_name(path.stem + ".whatif.duckdb")
+
+
 def cmd_testbed(args: argparse.Namespace) -> int:
     from routeaudit._demo import testbed_command
 
@@ -284,6 +306,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate", required=True, help="run id of the candidate policy")
     _add_slo_args(p)
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser(
+        "whatif", help="replay a store's recorded arrivals under another policy (virtual time)",
+        description="Replay the arrivals of a window of a store (arrival time, input and output "
+                    "tokens, prefix hashes) in the testbed's simulator, calibrated from the store's "
+                    "own executions, under the recorded policy and under --policy; print TTFT, "
+                    "TPOT, goodput and failures side by side with the recorded ones, and store "
+                    "both simulated runs for `routeaudit compare` and the dashboard "
+                    "(docs/whatif.md).")
+    p.add_argument("--db", required=True, help="the store holding the recorded traffic")
+    p.add_argument("--policy", required=True,
+                   help="policy to replay under: round_robin, random, power_of_two, least_load, "
+                        "cache_aware, qp_cost")
+    p.add_argument("--run", default=None, help="the recorded run (required when the window holds several)")
+    p.add_argument("--since", default=None, metavar="TIME",
+                   help="window start, ISO time (e.g. 2026-01-01T00:00:00Z; naive = UTC)")
+    p.add_argument("--until", default=None, metavar="TIME", help="window end (exclusive), ISO time")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="replicas in the what-if fleet (default: as recorded)")
+    p.add_argument("--telemetry-interval", type=float, default=None, metavar="S",
+                   help="seconds between the what-if routers' telemetry polls (default: as recorded)")
+    p.add_argument("--kv-capacity-tokens", type=int, default=None,
+                   help="KV pool per replica in tokens (default: fitted from the KV usage the "
+                        "routers saw, else the testbed's 440,000)")
+    p.add_argument("--out", default=None, metavar="STORE",
+                   help="store the simulated runs go to (default: <db>.whatif.duckdb beside --db)")
+    p.add_argument("--no-store", action="store_true",
+                   help="do not store the simulated runs (faster: no spans)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated routers")
+    p.add_argument("--quiet", action="store_true", help="no progress")
+    _add_slo_args(p)
+    p.set_defaults(func=cmd_whatif)
 
     p = sub.add_parser("capacity", help="replicas needed for a target QPS (Little's law)")
     p.add_argument("--db", required=True)
@@ -368,6 +422,7 @@ _USER_ERRORS = (
     ("audit._errors", "AuditError"),
     ("collectors.otlp._errors", "CollectorError"),
     ("testbed._errors", "TestbedError"),
+    ("routeaudit._whatif", "WhatIfError"),
 )
 
 
