@@ -22,6 +22,7 @@ trace, or by request id), and the start of every partition the watermark has jus
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Final
 
 import duckdb
 
-from audit import _relations
+from audit import _closed, _relations
 from audit._errors import StoreError
 
 DIRTY_TABLE: Final = "routeaudit_dirty"
@@ -165,7 +166,7 @@ def _slice_floor(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> int | N
 def _restrict_raw(cur: duckdb.DuckDBPyConnection, db: str, pl: Plan, parts: Partitioning) -> None:
     raw = f'"{db}".main'
     lo = int(pl.read_from_ns)
-    far = lo - parts.max_request_ns - SKEW_NS
+    far = far_ns(pl, parts)
     # A trace that reaches into the region brings its earlier spans (a retry minutes after the
     # first attempt must not make a request of its own), and so does a span still running when
     # the region starts (an execution in flight: whether a replica was idle or queued then).
@@ -244,7 +245,9 @@ def _owned(kind: str, side: str, t0: int, parts: Partitioning) -> str:
 def refresh(con: duckdb.DuckDBPyConnection,
             before_commit: Callable[[duckdb.DuckDBPyConnection, int], None] | None = None,
             on_plan: Callable[[Plan], None] | None = None,
-            on_built: Callable[[str, float], None] | None = None) -> int | None:
+            on_built: Callable[[str, float], None] | None = None,
+            store_path: str | os.PathLike[str] | None = None,
+            reopened: _closed.Moved | None = None) -> int | None:
     """Recompute the slice new rows reach and replace the rows it owns, in one transaction.
 
     Returns the number of ``raw_spans`` rows in the transaction's snapshot (as
@@ -252,11 +255,16 @@ def refresh(con: duckdb.DuckDBPyConnection,
     by this version (a full rebuild first). ``con`` must be a cursor of its own: the slice's
     temporary relations live on it until it closes. ``on_built(step, seconds)`` is called after
     each relation is built over the slice and after each stored table is rewritten (benchmarks
-    time them)."""
+    time them).
+
+    ``store_path``: the store's file, whose closed partitions (audit._closed) a slice reaching
+    them re-opens in this transaction; what it moved back is added to ``reopened`` (its folders
+    are deleted here once the transaction has committed)."""
     rels = _relations.load_relations()
     as_views = _relations.views(rels)
     db = con.execute("select current_database()").fetchall()[0][0]
     main = f'"{db}".main'
+    moved = _closed.Moved()
     con.execute("begin transaction")
     try:
         parts = Partitioning.read(con)
@@ -264,6 +272,8 @@ def refresh(con: duckdb.DuckDBPyConnection,
         if pl is None:
             con.execute("rollback")
             return None
+        if store_path is not None:
+            pl = _reopen_reached(con, store_path, parts, pl, moved)
         if on_plan is not None:
             on_plan(pl)
         spans = int(con.execute("select count(*) from raw_spans").fetchall()[0][0])
@@ -318,6 +328,9 @@ def refresh(con: duckdb.DuckDBPyConnection,
             + (["run_id is null"] if None in runs else [])) or "false"
         named = [[r for r in runs if r is not None]] if any(r is not None for r in runs) else []
         _drop_temp(con)
+        if store_path is not None:
+            # per-run rows are over every partition, closed ones included
+            _closed.install_views(con, store_path)
         for relation, table, names in whole:
             started = time.perf_counter()
             con.execute(f"delete from {main}.{table} where {touched}", named)
@@ -334,7 +347,35 @@ def refresh(con: duckdb.DuckDBPyConnection,
         raise
     finally:
         _drop_temp(con)
+    if store_path is not None and moved.partitions:
+        _closed.forget(store_path, moved, _closed.closed_until(con), parts.partition_ns)
+        if reopened is not None:
+            reopened.spans += moved.spans
+            reopened.partitions += moved.partitions
     return spans
+
+
+def far_ns(pl: Plan, parts: Partitioning) -> int:
+    """The oldest raw start a slice reads: its region, and the earlier spans of the traces
+    reaching into it (:func:`_restrict_raw`)."""
+    return pl.read_from_ns - parts.max_request_ns - SKEW_NS
+
+
+def _reopen_reached(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
+                    parts: Partitioning, pl: Plan, moved: _closed.Moved) -> Plan:
+    """Re-open the closed partitions the slice reaches, and plan again over the rows they
+    bring back (a request they hold may pull ``t0`` further back), until it reaches none."""
+    while True:
+        until = _closed.closed_until(con)
+        if until is None or far_ns(pl, parts) >= until * parts.partition_ns:
+            return pl
+        back = _closed.reopen(con, store_path, far_ns(pl, parts) // parts.partition_ns)
+        moved.spans += back.spans
+        moved.partitions += back.partitions
+        moved.stale += back.stale
+        again = plan(con, parts)
+        assert again is not None  # the marks that planned the slice are still there
+        pl = again
 
 
 def horizon(con: duckdb.DuckDBPyConnection) -> tuple[int | None, int | None]:

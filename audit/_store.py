@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 import semconv
-from audit import _incremental, _relations
+from audit import _closed, _incremental, _relations
 from audit._errors import AuditError, CollectorUnavailable, QueryError, StoreError
 from audit._readonly import DEFAULT_LIMITS, QueryCancel, QueryLimits, check_read_only, run_read_only
 from audit._slo import SLO, load_slo
@@ -89,6 +89,9 @@ class Store:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise StoreError(f"threads must be a whole number >= 1, got {threads!r}")
         self.path = Path(path)
+        self._closes = os.fspath(path) not in ("", ":memory:")
+        """Whether old partitions move to Parquet beside the file (a file store that refreshes
+        by slices; audit._closed)."""
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"folder {self.path.parent} does not exist")
         try:
@@ -102,6 +105,8 @@ class Store:
         self.background_refresh = background_refresh
         self.last_refresh_error: str | None = None
         """Why the last refresh failed (one line); None once one succeeds."""
+        self.last_close_error: str | None = None
+        """Why the last move of partitions to Parquet failed (one line); None once one works."""
         self._refresh_failures = 0
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
@@ -163,6 +168,8 @@ class Store:
             # by slices when the stopped writer kept marks of what it appended.
             self._dirty = True
             self._full_rebuild_due = not marks_kept
+        if self._closes:
+            _closed.allow(self._con, self.path)
         if not _views_current(self._con):
             # Relations are rebuilt when the SQL changed since this store was last refreshed.
             self.refresh()
@@ -171,7 +178,8 @@ class Store:
             self.final_until_ns, self.newest_request_ns = _incremental.horizon(self._con)
         except duckdb.Error:  # relations of an older version, rebuilt at the next refresh
             pass
-        # From here on no query on this database may read or write files other than the store.
+        # From here on no query on this database may read or write files other than the store
+        # and its closed partitions (allowed above).
         self._con.execute("set enable_external_access = false")
         self._con.execute("set lock_configuration = true")
 
@@ -202,16 +210,31 @@ class Store:
                     raise StoreError("the store is stopping: refresh skipped")
                 stop._bind(cur)
                 spans: int | None
+                closes = self._closes and self._slices_apply()
                 if self._slices_apply():
-                    spans = _incremental.refresh(cur, before_commit=_record_refresh)
+                    back = _closed.Moved()
+                    spans = _incremental.refresh(
+                        cur, before_commit=_record_refresh,
+                        store_path=self.path if self._closes else None, reopened=back)
+                    self._count_moved(back.spans)
                     self.last_refresh_kind = "none" if spans is None else "slice"
                 else:
+                    if self._closes:
+                        # a full rebuild reads every partition: the closed ones come back first
+                        self._count_moved(_closed.reopen_all(cur, self.path).spans)
                     spans = _relations.refresh(cur, before_commit=_record_refresh)
                     self.last_refresh_kind = "full"
                     self._full_rebuild_due = False
                 if spans is not None:
                     self._spans_in_relations = spans
                 self.final_until_ns, self.newest_request_ns = _incremental.horizon(cur)
+                if closes:
+                    try:
+                        self._count_moved(-_closed.close(cur, self.path, self.final_until_ns).spans)
+                        self.last_close_error = None
+                    except (duckdb.Error, OSError) as exc:
+                        # the refresh stands; the partitions stay open and close next time
+                        self.last_close_error = _one_line(exc) or type(exc).__name__
             except BaseException as exc:
                 self._dirty = True
                 if self.last_refresh_kind != "full":
@@ -234,6 +257,17 @@ class Store:
                 self.last_refresh_s = time.perf_counter() - started
             return self.last_refresh_s
 
+    def _count_moved(self, spans: int) -> None:
+        """Spans moved into (positive) or out of (negative) the DuckDB tables by a re-open or a
+        close of partitions: both counts of :attr:`relations_lag_spans` follow, as the
+        relations had read them."""
+        if not spans:
+            return
+        with self._lock:
+            self._spans_stored += spans
+        if self._spans_in_relations is not None and spans < 0:
+            self._spans_in_relations = max(0, self._spans_in_relations + spans)
+
     def retain(self, *, raw_s: float | None = None, verdicts_s: float | None = None) -> _incremental.Retained:
         """Delete whole partitions of raw rows older than ``raw_s`` seconds and of derived rows
         older than ``verdicts_s`` seconds before the newest span (None keeps them), online: see
@@ -248,6 +282,13 @@ class Store:
                 done = _incremental.drop_before(
                     cur, raw_keep_ns=None if raw_s is None else int(raw_s * 1e9),
                     verdicts_keep_ns=None if verdicts_s is None else int(verdicts_s * 1e9))
+                if self._closes:
+                    w = _incremental.Partitioning.read(cur).partition_ns
+                    _closed.drop_before(
+                        self.path,
+                        raw_before_part=None if done.raw_from_ns is None else done.raw_from_ns // w,
+                        derived_before_part=None if done.verdicts_from_ns is None
+                        else done.verdicts_from_ns // w)
             finally:
                 cur.close()
             if done.spans_deleted:
@@ -387,6 +428,8 @@ class Store:
             try:
                 if self._dirty and _reads_relations(cur, sql):
                     self.refresh_if_due(for_query=True)
+                if self._closes:
+                    _closed.install_views(cur, self.path)
                 return run_read_only(cur, sql, params, variables, limits=limits or self.query_limits,
                                      cancel=cancel, rollback=True, checked=True)
             finally:
@@ -612,6 +655,7 @@ class Reader:
                 # Written by another version and cannot be rebuilt now: this connection builds
                 # its own (a refresh's work, for every query).
                 _relations.install(con, temporary=True)
+            _closed.install_views(con, self.path)
             con.execute("set lock_configuration = true")
             # Opened read-only, so a write could not commit: no transaction to roll back.
             return run_read_only(con, sql, params, variables, limits=self.limits, rollback=False,
@@ -621,8 +665,11 @@ class Reader:
 
     def _connect_read_only(self) -> duckdb.DuckDBPyConnection:
         try:
-            return duckdb.connect(os.fspath(self.path), read_only=True,
-                                  config={"enable_external_access": False})
+            con = duckdb.connect(os.fspath(self.path), read_only=True)
+            # no file but the store and its closed partitions, before any query runs
+            _closed.allow(con, self.path)
+            con.execute("set enable_external_access = false")
+            return con
         except duckdb.IOException as exc:
             raise StoreError(_lock_message(self.path, exc)) from exc
         except duckdb.Error as exc:

@@ -10,55 +10,17 @@ wide, so the store spans many partitions, windows and finalisations.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
-from tiled_sample import new_store, tiled_sample
+from tiled_sample import batches, new_store, tiled_sample
 
 from audit import _relations
 from audit._store import Store
 
 BATCHES = 16
-
-
-def _batches(raw: dict[str, pa.Table], seed: int, batches: int = BATCHES) -> list[dict[str, pa.Table]]:
-    """Spans cut by their end time (an exporter sends a span when it ends) into batches
-    batches, each span moved to a neighbouring batch with probability 1/4; one batch resent;
-    each span's events with it; scrapes by scrape time."""
-    rng = random.Random(seed)
-    spans, events, snaps = raw["raw_spans"], raw["raw_span_events"], raw["raw_snapshots"]
-    ends = spans.column("end_ns").to_pylist()
-    lo, hi = min(ends), max(ends) + 1
-    width = (hi - lo) / batches
-    which = []
-    for e in ends:
-        b = int((e - lo) / width)
-        if rng.random() < 0.25:
-            b += rng.choice((-1, 1, 2))
-        which.append(min(max(b, 0), batches - 1))
-    scrape_at = snaps.column("scraped_ns").to_pylist()
-    out: list[dict[str, pa.Table]] = []
-    keys = [f"{t}:{s}" for t, s in zip(spans.column("trace_id").to_pylist(),
-                                         spans.column("span_id").to_pylist(), strict=True)]
-    ev_keys = pc.binary_join_element_wise(events.column("trace_id"), events.column("span_id"), ":")
-    for b in range(batches):
-        mask = pa.array([w == b for w in which], pa.bool_())
-        part = spans.filter(mask)
-        chosen = pa.array([k for k, w in zip(keys, which, strict=True) if w == b], pa.string())
-        ev = events.filter(pc.is_in(ev_keys, value_set=chosen))
-        t_lo, t_hi = lo + b * width, lo + (b + 1) * width
-        sn = snaps.filter(pa.array([(t_lo <= s < t_hi) or (b == 0 and s < t_lo)
-                                    or (b == batches - 1 and s >= t_hi) for s in scrape_at], pa.bool_()))
-        out.append({"spans": part, "events": ev, "snapshots": sn})
-    resent = rng.randrange(1, batches - 1)
-    out.insert(resent + 2, {"spans": out[resent]["spans"], "events": out[resent]["events"],
-                            "snapshots": out[resent]["snapshots"].slice(0, 0)})
-    return out
 
 
 def _norm(v: Any) -> Any:
@@ -93,7 +55,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, St
     one.refresh()
     inc = new_store(d / "inc.duckdb", incremental=True)
     kinds: list[str] = []
-    for batch in _batches(raw, seed=7):
+    for batch in batches(raw, seed=7):
         inc.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
         inc.refresh()
         kinds.append(inc.last_refresh_kind)
@@ -139,7 +101,7 @@ def test_ten_batches_give_the_one_shot_attributions(tmp_path: Path) -> None:
     try:
         one.append(spans=raw["raw_spans"], events=raw["raw_span_events"])
         one.refresh()
-        for batch in _batches(raw, seed=7, batches=10):
+        for batch in batches(raw, seed=7, batches=10):
             inc.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
             inc.refresh()
         assert _rows(one, "attributions") == _rows(inc, "attributions")

@@ -3,10 +3,12 @@ incremental refresh and retention, and a store with partitions small enough for 
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from audit._store import Store
@@ -27,8 +29,8 @@ _SPAN_NS = ("start_ns", "end_ns", "received_ns", "a_decision_time_ns")
 _EVENT_NS = ("time_ns", "c_telemetry_ts_ns")
 
 
-def tiled_sample() -> dict[str, pa.Table]:
-    """The raw tables of :data:`COPIES` copies of the sample, end to end."""
+def tiled_sample(copies: int = COPIES) -> dict[str, pa.Table]:
+    """The raw tables of ``copies`` copies of the sample, end to end."""
     con = duckdb.connect()
     try:
         for t in RAW_TABLES:
@@ -36,7 +38,7 @@ def tiled_sample() -> dict[str, pa.Table]:
         lo, hi = con.execute("select min(start_ns), max(end_ns) from base_raw_spans").fetchall()[0]
         shift = hi - lo + 20 * 10**9
         spans, events = [], []
-        for k in range(COPIES):
+        for k in range(copies):
             tag = f"-c{k}"
             trace = f"md5(trace_id || '{tag}')" if k else "trace_id"
             repl = [f"{trace} as trace_id"] + [f"{c} + {k * shift} as {c}" for c in _SPAN_NS]
@@ -62,3 +64,36 @@ def new_store(path: Path, incremental: bool) -> Store:
     return store
 
 
+def batches(raw: dict[str, pa.Table], seed: int, batches: int = 16) -> list[dict[str, pa.Table]]:
+    """Spans cut by their end time (an exporter sends a span when it ends) into batches
+    batches, each span moved to a neighbouring batch with probability 1/4; one batch resent;
+    each span's events with it; scrapes by scrape time."""
+    rng = random.Random(seed)
+    spans, events, snaps = raw["raw_spans"], raw["raw_span_events"], raw["raw_snapshots"]
+    ends = spans.column("end_ns").to_pylist()
+    lo, hi = min(ends), max(ends) + 1
+    width = (hi - lo) / batches
+    which = []
+    for e in ends:
+        b = int((e - lo) / width)
+        if rng.random() < 0.25:
+            b += rng.choice((-1, 1, 2))
+        which.append(min(max(b, 0), batches - 1))
+    scrape_at = snaps.column("scraped_ns").to_pylist()
+    out: list[dict[str, pa.Table]] = []
+    keys = [f"{t}:{s}" for t, s in zip(spans.column("trace_id").to_pylist(),
+                                         spans.column("span_id").to_pylist(), strict=True)]
+    ev_keys = pc.binary_join_element_wise(events.column("trace_id"), events.column("span_id"), ":")
+    for b in range(batches):
+        mask = pa.array([w == b for w in which], pa.bool_())
+        part = spans.filter(mask)
+        chosen = pa.array([k for k, w in zip(keys, which, strict=True) if w == b], pa.string())
+        ev = events.filter(pc.is_in(ev_keys, value_set=chosen))
+        t_lo, t_hi = lo + b * width, lo + (b + 1) * width
+        sn = snaps.filter(pa.array([(t_lo <= s < t_hi) or (b == 0 and s < t_lo)
+                                    or (b == batches - 1 and s >= t_hi) for s in scrape_at], pa.bool_()))
+        out.append({"spans": part, "events": ev, "snapshots": sn})
+    resent = rng.randrange(1, batches - 1)
+    out.insert(resent + 2, {"spans": out[resent]["spans"], "events": out[resent]["events"],
+                            "snapshots": out[resent]["snapshots"].slice(0, 0)})
+    return out

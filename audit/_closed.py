@@ -1,0 +1,408 @@
+"""Closed partitions: old time partitions moved out of the DuckDB file into zstd Parquet beside it.
+
+A partition is *closed* once no refresh can reach it: its verdicts are final and every slice
+that starts at or after the final horizon reads raw rows only from later partitions
+(:func:`reach_ns`). Its rows then leave the DuckDB tables for ``<store>.parquet/<table>/part=<p>/``
+(a Hive layout that DuckDB, polars and Spark read without routeaudit); the DuckDB file keeps only
+the open partitions, so what a refresh deletes and rewrites, and what the file holds, follows the
+recent traffic rather than the history (docs/architecture.md, "Closed partitions").
+
+Readers see each table as one: :func:`install_views` creates, on a connection, a temporary view
+of every table's name over its DuckDB rows and its Parquet files of partitions below
+``closed_until`` (the store's record, ``routeaudit_meta``). Files of later partitions are never
+read: a close that did not commit leaves them behind, and the next close overwrites them.
+
+A row that arrives later than that re-opens the partitions its slice reaches
+(:func:`reopen`): their rows move back into the DuckDB tables in the refresh's own transaction,
+and they close again once the horizon has passed them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import duckdb
+
+from audit import _incremental, _relations
+from audit.schema import RAW_TABLES
+
+FOLDER_SUFFIX: Final = ".parquet"
+"""Closed partitions of ``store.duckdb`` live in ``store.duckdb.parquet/``."""
+
+CLOSED_UNTIL: Final = "closed_until_part"
+"""routeaudit_meta key: partitions below this one are in Parquet (absent: none is)."""
+
+MARKER: Final = "_closed.json"
+"""Written in the folder after each change, for engines that read the folder directly: the
+partitions below ``closed_until_part`` are the closed ones."""
+
+COMPRESSION: Final = "zstd"
+
+KEY_TABLES: Final = ("requests", "int_attr_decisions_resolved", "int_spans_clock_corrected",
+                     "executions")
+"""Read by a slice's plan and key sets (audit._incremental), so kept for closed partitions:
+when one re-opens, the rows it brings back are found and replaced."""
+
+
+def folder(store_path: str | os.PathLike[str]) -> Path:
+    """The folder of a store's closed partitions."""
+    return Path(f"{os.fspath(store_path)}{FOLDER_SUFFIX}").absolute()
+
+
+def reach_ns(parts: _incremental.Partitioning) -> int:
+    """How far before the final horizon a later refresh may read or write rows: a slice's
+    ``t0`` is at most :data:`~audit._incremental.SKEW_NS` before a new span's start, its region
+    reaches back over the window partitions (and the partition of ``t0 − SKEW``) or the replica
+    lookback, and a trace reaching into the region brings spans up to ``max_request`` earlier."""
+    skew = _incremental.SKEW_NS
+    window = (parts.window_partitions + 1) * parts.partition_ns + skew
+    return max(window, _incremental.LOOKBACK_NS + skew) + parts.max_request_ns + 2 * skew
+
+
+def kept_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The stored tables whose rows of closed partitions are kept: raw rows, the relations a
+    reader queries (public ones and the default-SLO tables), the tables the live views read,
+    and :data:`KEY_TABLES`. The steps in between are dropped: a re-opened partition is
+    recomputed from its raw rows."""
+    rels = _relations.load_relations()
+    by_name = {r.name: r for r in rels}
+    as_views = _relations.views(rels)
+    kept = set(RAW_TABLES) | set(KEY_TABLES) | set(_relations.public_relations())
+    kept |= {name + _relations.CACHE_SUFFIX for name in _relations.cached(rels)}
+    stack = [n for n in as_views]
+    seen: set[str] = set()
+    while stack:
+        name = stack.pop()
+        for dep in _relations.reads(by_name[name].sql):
+            if dep in by_name and dep not in seen:
+                seen.add(dep)
+                if dep in as_views:
+                    stack.append(dep)
+                else:
+                    kept.add(dep)
+    stored = {r[0] for r in con.execute(
+        "select table_name from information_schema.tables where table_catalog = "
+        "current_database() and table_schema = 'main' and table_type = 'BASE TABLE'").fetchall()}
+    return kept & stored
+
+
+def closed_until(con: duckdb.DuckDBPyConnection) -> int | None:
+    """The first partition not closed (None: none is)."""
+    try:
+        rows = con.execute("select value from routeaudit_meta where key = ?",
+                           [CLOSED_UNTIL]).fetchall()
+    except duckdb.CatalogException:
+        return None  # not a store (yet)
+    return int(rows[0][0]) if rows else None
+
+
+def allow(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str]) -> None:
+    """Let ``con`` read (and the writer write) the store's Parquet folder once external access
+    is switched off: call before ``set enable_external_access = false``."""
+    con.execute("set allowed_directories = ?", [[f"{folder(store_path)}/"]])
+
+
+def _table_dirs(root: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(root) if e.is_dir())
+    except FileNotFoundError:
+        return []
+
+
+def _has_files(table_dir: Path, below: int) -> bool:
+    try:
+        for e in os.scandir(table_dir):
+            p = _part_of(e.name)
+            if e.is_dir() and p is not None and p < below:
+                if any(f.name.endswith(".parquet") for f in os.scandir(e.path)):
+                    return True
+    except FileNotFoundError:
+        return False
+    return False
+
+
+def _glob(root: Path, table: str) -> str:
+    return f"{root / table}/part=*/*.parquet".replace("'", "''")
+
+
+def _columns(con: duckdb.DuckDBPyConnection, qualified: str) -> list[tuple[str, str]]:
+    return [(str(r[0]), str(r[1])) for r in con.execute(f"describe {qualified}").fetchall()]
+
+
+def _closed_select(root: Path, table: str, cols: list[tuple[str, str]], where: str) -> str:
+    """The Parquet rows of ``table`` in the stored table's columns and types (``part`` comes
+    from the folder name: a table with a column of that name has it written there)."""
+    # cast to the stored types: a union with the DuckDB rows must not widen a column
+    names = ", ".join(f'cast("{name}" as {typ}) as "{name}"' for name, typ in cols)
+    return (f"select {names} from read_parquet('{_glob(root, table)}', hive_partitioning = true)"
+            f" where {where}")
+
+
+def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str]) -> int:
+    """On ``con``, a temporary view of each stored table that has closed partitions, under the
+    table's own name: its DuckDB rows and its Parquet rows as one. Views that read the table
+    by name (the parametrised relations) then read both. Returns how many views it made."""
+    until = closed_until(con)
+    if until is None:
+        return 0
+    root = folder(store_path)
+    db = con.execute("select current_database()").fetchall()[0][0]
+    made = 0
+    for table in _table_dirs(root):
+        if not _has_files(root / table, until):
+            continue
+        qualified = f'"{db}".main."{table}"'
+        try:
+            cols = _columns(con, qualified)
+        except duckdb.Error:
+            continue  # a table this version no longer stores
+        names = ", ".join(f'"{name}"' for name, _ in cols)
+        con.execute(f'create or replace temp view "{table}" as '
+                    f"select {names} from {qualified} union all "
+                    f"{_closed_select(root, table, cols, f'part < {until}')}")
+        made += 1
+    return made
+
+
+@dataclass
+class Moved:
+    """What a close or a re-open moved (spans count as ``raw_spans`` rows)."""
+
+    spans: int = 0
+    partitions: list[int] = field(default_factory=list)
+    stale: list[Path] = field(default_factory=list)
+    """Folders of re-opened partitions, deleted once the transaction has committed."""
+
+
+def _owned_parts(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> None:
+    """Temporary key -> partition maps of the requests anchored in partitions [lo, hi), and of
+    the decisions, traces and execution spans that belong to them."""
+    con.execute("create or replace temp table _close_requests as select request_key, part "
+                f"from main.requests where part >= {lo} and part < {hi}")
+    for name, key, relation in (("decisions", "decision_key", "int_attr_decisions_resolved"),
+                                ("traces", "trace_id", "int_spans_clock_corrected"),
+                                ("spans", "span_id", "executions")):
+        con.execute(f"create or replace temp table _close_{name} as "
+                    f"select t.{key}, min(r.part) as part from main.{relation} as t "
+                    f"join _close_requests as r using (request_key) group by t.{key}")
+
+
+def _part_expr(kind: str, w: int) -> tuple[str, str]:
+    """(join clause, partition expression) of a derived table's rows, by ownership kind."""
+    if kind in _incremental._KEYED:
+        column, keys = _incremental._KEYED[kind]
+        return f" join _close_{keys} as k using ({column})", "k.part"
+    if kind == "part":
+        return "", "t.part"
+    if kind == "scraped_ns":
+        return "", f"t.scraped_ns // {w}"
+    if kind == "scraped_at":
+        return "", f"epoch_ns(t.scraped_at) // {w}"
+    raise ValueError(kind)
+
+
+def _copy(con: duckdb.DuckDBPyConnection, select: str, root: Path, table: str) -> None:
+    target = str(root / table).replace("'", "''")
+    con.execute(f"copy ({select}) to '{target}' (format parquet, compression {COMPRESSION}, "
+                "partition_by (part), overwrite_or_ignore, filename_pattern 'data_{i}')")
+
+
+def close(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
+          final_until_ns: int | None) -> Moved:
+    """Move every partition no later refresh can reach into Parquet, in one transaction.
+
+    ``con``: a cursor of its own (temporary tables live on it). Rows arriving meanwhile are not
+    touched (they are not in the transaction's snapshot); a late raw row older than the closed
+    partitions stays in DuckDB until its refresh re-opens them."""
+    moved = Moved()
+    if final_until_ns is None:
+        return moved
+    root = folder(store_path)
+    con.execute("begin transaction")
+    try:
+        parts = _incremental.Partitioning.read(con)
+        w = parts.partition_ns
+        hi = (final_until_ns - reach_ns(parts)) // w
+        lo_row = con.execute("select min(part) from main.requests").fetchall()[0][0]
+        raw_lo = con.execute("select min(start_ns) from main.raw_spans").fetchall()[0][0]
+        old = closed_until(con)
+        candidates = [v for v in (lo_row, None if raw_lo is None else int(raw_lo) // w)
+                      if v is not None]
+        lo = old if old is not None else (min(candidates) if candidates else hi)
+        if hi <= lo:
+            con.execute("rollback")
+            return moved
+        root.mkdir(parents=True, exist_ok=True)
+        # what a close that did not commit left behind (never read: not below closed_until)
+        for table in _table_dirs(root):
+            for entry in _table_dirs(root / table):
+                p = _part_of(entry)
+                if p is not None and p >= lo:
+                    shutil.rmtree(root / table / entry)
+        kept = kept_tables(con)
+        _owned_parts(con, lo, hi)
+        for _, table in _incremental._derived_tables(con):
+            cols = [c for c, _ in _columns(con, f"main.{table}")]
+            kind = _incremental._ownership(cols)
+            if kind == "whole":
+                continue
+            join, part = _part_expr(kind, w)
+            where = f"{part} >= {lo} and {part} < {hi}"
+            if table in kept:
+                own = ", ".join(f't."{c}"' for c in cols if c != "part")
+                _copy(con, f"select {own}, {part} as part from main.{table} as t{join} "
+                      f"where {where}", root, table)
+            if join:
+                column = _incremental._KEYED[kind][0]
+                con.execute(f"delete from main.{table} where {column} in "
+                            f"(select {column} from _close_{_incremental._KEYED[kind][1]})")
+            else:
+                con.execute(f"delete from main.{table} as t where {where}")
+        lo_ns, hi_ns = lo * w, hi * w
+        in_range = f"start_ns >= {lo_ns} and start_ns < {hi_ns}"
+        con.execute(f"create or replace temp table _close_raw as select trace_id, span_id, "
+                    f"start_ns // {w} as part from main.raw_spans where {in_range}")
+        _copy(con, "select e.*, s.part from main.raw_span_events as e "
+              "join _close_raw as s using (trace_id, span_id)", root, "raw_span_events")
+        _copy(con, f"select *, start_ns // {w} as part from main.raw_spans where {in_range}",
+              root, "raw_spans")
+        _copy(con, f"select *, scraped_ns // {w} as part from main.raw_snapshots "
+              f"where scraped_ns >= {lo_ns} and scraped_ns < {hi_ns}", root, "raw_snapshots")
+        con.execute("delete from main.raw_span_events where (trace_id, span_id) in "
+                    "(select trace_id, span_id from _close_raw)")
+        moved.spans = int(con.execute(f"delete from main.raw_spans where {in_range}")
+                          .fetchall()[0][0])
+        con.execute(f"delete from main.raw_snapshots where scraped_ns >= {lo_ns} "
+                    f"and scraped_ns < {hi_ns}")
+        # the relations had read the moved spans: the count of spans they read follows
+        con.execute("update routeaudit_meta set value = cast(greatest(0, try_cast(value as "
+                    "bigint) - ?) as varchar) where key = 'relations_spans'", [moved.spans])
+        con.execute("insert or replace into routeaudit_meta values (?, ?)", [CLOSED_UNTIL, str(hi)])
+        con.execute("commit")
+    except BaseException:
+        con.execute("rollback")
+        raise
+    finally:
+        _drop_close_tables(con)
+    moved.partitions = list(range(lo, hi))
+    _write_marker(root, hi, w)
+    return moved
+
+
+def reopen(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
+           from_part: int | None) -> Moved:
+    """Move the closed partitions from ``from_part`` on (None: all) back into the DuckDB
+    tables, in the caller's transaction. Their folders are listed in :attr:`Moved.stale`: the
+    caller deletes them (:func:`forget`) once the transaction has committed."""
+    moved = Moved()
+    until = closed_until(con)
+    if until is None or (from_part is not None and from_part >= until):
+        return moved
+    root = folder(store_path)
+    lo = from_part
+    where = f"part < {until}" + ("" if lo is None else f" and part >= {lo}")
+    for table in _table_dirs(root):
+        if not _has_files(root / table, until):
+            continue
+        try:
+            cols = _columns(con, f"main.{table}")
+        except duckdb.Error:
+            continue
+        names = ", ".join(f'"{c}"' for c, _ in cols)
+        rows = _closed_select(root, table, cols, where)
+        if table == "raw_spans":
+            # a span resent after its partition closed is stored again: one copy stays
+            insert = f"insert or ignore into main.{table} ({names}) {rows}"
+        elif table == "raw_span_events":
+            insert = (f"insert into main.{table} ({names}) select c.* from ({rows}) as c "
+                      f"anti join main.{table} as h using (trace_id, span_id, event_index)")
+        else:
+            insert = f"insert into main.{table} ({names}) {rows}"
+        count = con.execute(insert).fetchall()[0][0]
+        if table == "raw_spans":
+            moved.spans = int(count)
+        for entry in _table_dirs(root / table):
+            p = _part_of(entry)
+            if p is not None and p < until and (lo is None or p >= lo):
+                moved.stale.append(root / table / entry)
+    if lo is None:
+        con.execute("delete from routeaudit_meta where key = ?", [CLOSED_UNTIL])
+    else:
+        con.execute("insert or replace into routeaudit_meta values (?, ?)", [CLOSED_UNTIL, str(lo)])
+    moved.partitions = sorted({int(p.name[5:]) for p in moved.stale})
+    return moved
+
+
+def reopen_all(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str]) -> Moved:
+    """Move every closed partition back into the DuckDB tables, in a transaction of its own
+    (before a full rebuild, which reads every partition)."""
+    con.execute("begin transaction")
+    try:
+        moved = reopen(con, store_path, None)
+        w = _incremental.Partitioning.read(con).partition_ns if moved.partitions else 0
+        con.execute("commit")
+    except BaseException:
+        con.execute("rollback")
+        raise
+    if moved.partitions:
+        forget(store_path, moved, None, w)
+    return moved
+
+
+def forget(store_path: str | os.PathLike[str], moved: Moved, until: int | None,
+           partition_ns: int) -> None:
+    """After a re-open has committed: delete the folders it moved back, and rewrite the marker."""
+    for path in moved.stale:
+        shutil.rmtree(path, ignore_errors=True)
+    _write_marker(folder(store_path), until, partition_ns)
+
+
+def drop_before(store_path: str | os.PathLike[str], *, raw_before_part: int | None,
+                derived_before_part: int | None) -> int:
+    """Retention over closed partitions: delete the folders of raw tables below
+    ``raw_before_part`` and of derived tables below ``derived_before_part``. Their rows had
+    already left the DuckDB tables' counts when they closed. Returns the folders deleted."""
+    root = folder(store_path)
+    deleted = 0
+    for table in _table_dirs(root):
+        cut = raw_before_part if table in RAW_TABLES else derived_before_part
+        if cut is None:
+            continue
+        for entry in _table_dirs(root / table):
+            p = _part_of(entry)
+            if p is not None and p < cut:
+                shutil.rmtree(root / table / entry, ignore_errors=True)
+                deleted += 1
+    return deleted
+
+
+def _part_of(entry: str) -> int | None:
+    """The partition of a Hive folder name ``part=<p>`` (None: not one)."""
+    if not entry.startswith("part="):
+        return None
+    try:
+        return int(entry[5:])
+    except ValueError:
+        return None
+
+
+def _write_marker(root: Path, until: int | None, partition_ns: int) -> None:
+    if not root.exists():
+        return
+    tmp = root / (MARKER + ".tmp")
+    tmp.write_text(json.dumps({"closed_until_part": until, "partition_s": partition_ns / 1e9,
+                               "partition_column": "part"}) + "\n", "utf-8")
+    os.replace(tmp, root / MARKER)
+
+
+def _drop_close_tables(con: duckdb.DuckDBPyConnection) -> None:
+    for name in ("requests", "decisions", "traces", "spans", "raw"):
+        try:
+            con.execute(f"drop table if exists temp.main._close_{name}")
+        except duckdb.Error:
+            pass

@@ -1,0 +1,219 @@
+"""Closed partitions: a store refreshed by slices moves old partitions to Parquet beside the file,
+and still answers every relation as a one-shot build over the same rows; a late request re-opens
+the partitions it reaches; readers of the file, polars and retention see the same partitions.
+
+The sample is tiled over minutes of traffic (partitions of 60 s), long enough for partitions to
+pass the final horizon by more than a slice can reach (audit._closed.reach_ns).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pytest
+from tiled_sample import batches, new_store, tiled_sample
+
+import audit
+from audit import _closed, _relations
+from audit._store import Store
+
+COPIES = 7
+BATCHES = 5
+COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attributes", "slo_targets"}]
+
+
+def _late_request(raw: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """One request of the first copy sent again under new ids (a new trace, a new request id)
+    at the end of the traffic: it lands in a partition closed long before."""
+    con = duckdb.connect()
+    try:
+        con.register("s", raw["raw_spans"])
+        con.register("e", raw["raw_span_events"])
+        trace = con.execute("select trace_id from s where a_request_id is not null "
+                            "order by start_ns, trace_id limit 1 offset 40").fetchall()[0][0]
+        spans = con.sql("select * replace (md5(trace_id || '-late') as trace_id, "
+                        "a_request_id || '-late' as a_request_id) from s where trace_id = ?",
+                        params=[trace]).to_arrow_table()
+        events = con.sql("select * replace (md5(trace_id || '-late') as trace_id) from e "
+                         "where trace_id = ?", params=[trace]).to_arrow_table()
+    finally:
+        con.close()
+    return {"spans": spans, "events": events, "snapshots": raw["raw_snapshots"].slice(0, 0)}
+
+
+def _rows(store: Store, relation: str) -> list[str]:
+    rows = store.query_arrow(f"select * from {relation}").to_pylist()
+    return sorted(repr(sorted((k, _norm(v)) for k, v in r.items())) for r in rows)
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, float):
+        return None if v != v else round(v, 6)
+    if isinstance(v, (list, tuple)):
+        return tuple(_norm(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _norm(x)) for k, x in v.items()))
+    return v
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    patch = pytest.MonkeyPatch()
+    patch.setattr(_relations, "CACHE_MIN_SPANS", 0)
+    d = tmp_path_factory.mktemp("closed")
+    raw = tiled_sample(COPIES)
+    late = _late_request(raw)
+    one = new_store(d / "one.duckdb", incremental=False)
+    one.append(spans=raw["raw_spans"], events=raw["raw_span_events"], snapshots=raw["raw_snapshots"])
+    one.append(spans=late["spans"], events=late["events"])
+    one.refresh()
+    inc = new_store(d / "inc.duckdb", incremental=True)
+    closed_after: list[int | None] = []
+    for batch in batches(raw, seed=11, batches=BATCHES):
+        inc.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
+        inc.refresh()
+        closed_after.append(_closed.closed_until(inc._con))
+    before_late = {
+        "closed_until": closed_after[-1],
+        "hot_spans": inc._con.execute("select count(*) from raw_spans").fetchall()[0][0],
+        "relations_lag": inc.relations_lag_spans,
+    }
+    inc.append(spans=late["spans"], events=late["events"])
+    reopened = _closed.Moved()
+    original = _closed.reopen
+
+    def counting(*args: Any, **kwargs: Any) -> _closed.Moved:
+        moved = original(*args, **kwargs)
+        reopened.partitions += moved.partitions
+        return moved
+
+    patch.setattr(_closed, "reopen", counting)
+    inc.refresh()
+    patch.setattr(_closed, "reopen", original)
+    try:
+        yield {"one": one, "inc": inc, "closed_after": closed_after, "before_late": before_late,
+               "reopened": reopened, "raw": raw, "dir": d}
+    finally:
+        one.close()
+        inc.close()
+        patch.undo()
+
+
+def test_old_partitions_leave_the_duckdb_file(built: dict[str, Any]) -> None:
+    inc, raw = built["inc"], built["raw"]
+    until = built["before_late"]["closed_until"]
+    assert until is not None and until > 0, built["closed_after"]
+    # the one-shot store (full rebuilds) keeps every row in DuckDB
+    assert _closed.closed_until(built["one"]._con) is None
+    assert built["before_late"]["hot_spans"] < raw["raw_spans"].num_rows
+    # the lag of the relations still reads 0: moved spans left both counts
+    assert built["before_late"]["relations_lag"] == 0
+    root = _closed.folder(inc.path)
+    parts = sorted(p.name for p in (root / "requests").iterdir())
+    assert parts and all(p.startswith("part=") for p in parts)
+    assert sorted((root / "raw_spans").glob("part=*/*.parquet"))
+    # the steps between raw rows and the marts are not kept for closed partitions
+    assert not (root / "int_requests_linked").exists()
+    marker = json.loads((root / _closed.MARKER).read_text())
+    assert marker["closed_until_part"] == _closed.closed_until(inc._con)
+
+
+@pytest.mark.parametrize("relation", COMPARED)
+def test_closed_and_open_partitions_give_the_one_shot_relations(built: dict[str, Any], relation: str) -> None:
+    a, b = _rows(built["one"], relation), _rows(built["inc"], relation)
+    only_one = sorted(set(a) - set(b))[:2]
+    only_inc = sorted(set(b) - set(a))[:2]
+    assert len(a) == len(b) and not only_one and not only_inc, (
+        f"{relation}: one-shot {len(a)} rows, with closed partitions {len(b)}\n"
+        f"only one-shot: {only_one}\nonly with closed partitions: {only_inc}")
+
+
+def test_a_late_request_reopens_its_partitions_and_they_close_again(built: dict[str, Any]) -> None:
+    inc = built["inc"]
+    assert built["reopened"].partitions, "the late request's slice re-opened closed partitions"
+    late = inc.query_arrow("select count(*) as n from requests where request_id like '%-late'")
+    assert late.column("n")[0].as_py() == 1
+    # closed again after the refresh, up to the same horizon
+    assert _closed.closed_until(inc._con) == built["before_late"]["closed_until"]
+    root = _closed.folder(inc.path)
+    until = _closed.closed_until(inc._con)
+    assert until is not None
+    stray = [p for p in root.glob("*/part=*") if int(p.name[5:]) >= until]
+    assert not stray, stray
+
+
+def _copy_store(store: Store, path: Path) -> Path:
+    """A copy of ``store``'s file and its folder of closed partitions at ``path``."""
+    store.checkpoint()
+    path.write_bytes(store.path.read_bytes())
+    shutil.copytree(_closed.folder(store.path), _closed.folder(path))
+    return path
+
+
+def test_a_reader_of_the_file_and_polars_see_every_partition(built: dict[str, Any], tmp_path: Path) -> None:
+    inc, one = built["inc"], built["one"]
+    n = one.query_arrow("select count(*) as n from requests").column("n")[0].as_py()
+    # a reader of the file (no collector holds it), as another process opens it
+    path = _copy_store(inc, tmp_path / "copy.duckdb")
+    reader = audit.open(path)
+    assert reader.query("select count(*) as n from requests")["n"][0] == n
+    assert reader.query("select count(*) as n from slow_requests")["n"][0] == \
+        one.query_arrow("select count(*) as n from slow_requests").column("n")[0].as_py()
+    # polars reads the closed partitions without routeaudit; DuckDB holds the rest
+    root = _closed.folder(path)
+    until = json.loads((root / _closed.MARKER).read_text())["closed_until_part"]
+    closed = (pl.scan_parquet(root / "requests" / "**" / "*.parquet", hive_partitioning=True)
+              .filter(pl.col("part") < until).select(pl.len()).collect().item())
+    hot = inc._con.execute("select count(*) from main.requests").fetchall()[0][0]
+    assert closed > 0 and closed + hot == n
+
+
+def test_files_of_a_close_that_did_not_commit_are_not_read(built: dict[str, Any], tmp_path: Path) -> None:
+    inc = built["inc"]
+    until = _closed.closed_until(inc._con)
+    assert until is not None
+    root = _closed.folder(inc.path)
+    before = inc.query_arrow("select count(*) as n from requests").column("n")[0].as_py()
+    stray = root / "requests" / f"part={until + 3}"
+    stray.mkdir(parents=True)
+    src = next((root / "requests").glob(f"part={until - 1}/*.parquet"))
+    (stray / "data_0.parquet").write_bytes(src.read_bytes())
+    try:
+        assert inc.query_arrow("select count(*) as n from requests").column("n")[0].as_py() == before
+    finally:
+        stray.joinpath("data_0.parquet").unlink()
+        stray.rmdir()
+
+
+def test_retention_deletes_closed_partitions(built: dict[str, Any], tmp_path: Path) -> None:
+    inc = built["inc"]
+    path = _copy_store(inc, tmp_path / "kept.duckdb")
+    store = Store(path, incremental=True)
+    try:
+        newest = store._con.execute("select max(start_ns) from raw_spans").fetchall()[0][0]
+        w = _incremental_partition_ns(store)
+        oldest = min(int(p.name[5:]) for p in (_closed.folder(path) / "raw_spans").iterdir())
+        keep_s = (newest - (oldest + 2) * w) / 1e9
+        done = store.retain(raw_s=keep_s, verdicts_s=keep_s)
+        assert done.raw_from_ns is not None
+        cut = done.raw_from_ns // w
+        left = [int(p.name[5:]) for p in (_closed.folder(path) / "raw_spans").iterdir()]
+        assert left and min(left) >= cut
+        gone = [int(p.name[5:]) for p in (_closed.folder(path) / "requests").iterdir()]
+        assert min(gone) >= cut
+        counted = store.query_arrow("select min(part) as p from requests").column("p")[0].as_py()
+        assert counted >= cut
+    finally:
+        store.close()
+
+
+def _incremental_partition_ns(store: Store) -> int:
+    from audit._incremental import Partitioning
+    return Partitioning.read(store._con).partition_ns
