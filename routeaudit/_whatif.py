@@ -935,6 +935,12 @@ def run_whatif(db: Path, *, policy: str, run: str | None = None, since: str | No
     say(f"calibrated: {calibration.describe()}")
     requests = to_requests(recorded)
     notes: list[str] = []
+    renamed = [(f"replica-{i}", name) for i, name in enumerate(recorded.replicas)
+               if name != f"replica-{i}"]
+    if renamed:
+        notes.append("simulated replicas are named by position: "
+                     + ", ".join(f"{sim} = {name}" for sim, name in renamed[:8])
+                     + (", …" if len(renamed) > 8 else ""))
     slug = _run_slug(recorded)
     plans: list[tuple[str, FleetConfig, str]] = []
     if recorded.policy in testbed.POLICIES:
@@ -982,6 +988,7 @@ def run_whatif(db: Path, *, policy: str, run: str | None = None, since: str | No
         with Collector(default_config(db_path=out, http_port=0, grpc_port=None)) as collector:
             simulate(lambda: OTelEmitter(OTLPSpanExporter(endpoint=collector.traces_url,
                                                           timeout=60)))
+            say(f"committing the simulated runs' spans to {out} and building its relations")
     say(f"done in {time.perf_counter() - started:.1f} s")
     return WhatIfResult(recorded=figures_of_recorded(recorded, slo), replay=figures.get("replay"),
                         whatif=figures["what-if"], calibration=calibration,

@@ -135,7 +135,7 @@ def test_both_runs_are_stored_and_compare_reads_them(stored: WhatIfResult) -> No
     assert stored.out is not None and stored.replay is not None
     reader = audit.open(stored.out)
     runs = sorted(reader.query("select distinct run_id from requests")["run_id"].to_list())
-    assert runs == sorted([stored.replay.run_id, stored.whatif.run_id])
+    assert runs == sorted([str(stored.replay.run_id), str(stored.whatif.run_id)])
     comparison = compare_runs(reader, str(stored.replay.run_id), str(stored.whatif.run_id))
     by_role = {row["role"]: row for row in comparison.runs.iter_rows(named=True)}
     for role, figures in (("baseline", stored.replay), ("candidate", stored.whatif)):
