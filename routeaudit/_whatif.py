@@ -179,17 +179,15 @@ select
 
 _TELEMETRY_SQL = """
 with
-stamps as (
-    select distinct c.router_id, epoch_ns(c.telemetry_ts) as ts
+ages as (
+    -- one reading per (router, decision instant, replica): a burst of decisions at one
+    -- instant all see the same snapshots
+    select distinct c.router_id, c.decided_at, c.replica, c.telemetry_age_ms
     from candidates as c
-    where c.request_key in (select unnest(?::varchar[])) and c.telemetry_ts is not null
-),
-
-gaps as (
-    select ts - lag(ts) over (partition by router_id order by ts) as gap_ns from stamps
+    where c.request_key in (select unnest(?::varchar[])) and c.telemetry_age_ms >= 0
 )
 
-select median(gap_ns) as gap_ns, count(gap_ns) as n from gaps where gap_ns > 0
+select quantile_cont(telemetry_age_ms, 0.99) as age_p99_ms, count(*) as n from ages
 """
 
 _EXECUTIONS_SQL = """
@@ -288,6 +286,20 @@ def _block_tokens(reqs: Sequence[RecordedRequest]) -> int | None:
     return power if hi == math.inf or power < hi else b_lo
 
 
+def _poll_interval(oldest_s: float) -> float:
+    """The telemetry interval from the oldest telemetry decisions saw (their 99th percentile):
+    a poll is at most one interval old, so the interval is just above it; configured intervals
+    are round (1, 2, 2.5 or 5 times a power of ten), so the next round value within 10 % is
+    taken, else the figure itself."""
+    exponent = math.floor(math.log10(oldest_s))
+    for power in (exponent - 1, exponent, exponent + 1):
+        for mantissa in (1.0, 2.0, 2.5, 5.0):
+            value = mantissa * 10.0 ** power
+            if oldest_s * 0.98 <= value <= oldest_s * 1.1:
+                return round(value, 6)
+    return round(oldest_s, 6)
+
+
 def load_recorded(reader: Reader, *, run: str | None = None, since: str | None = None,
                   until: str | None = None) -> Recorded:
     """The requests of one window of ``reader`` (``run`` and/or ``[since, until)``, ISO times)
@@ -348,8 +360,8 @@ def load_recorded(reader: Reader, *, run: str | None = None, since: str | None =
         policy=policy,
         replicas=tuple(sorted(replicas, key=_natural)),
         n_routers=max(1, int(fleet["n_routers"] or 1)),
-        telemetry_interval_s=(tele["gap_ns"] / 1e9 if tele["gap_ns"] and (tele["n"] or 0) >= 3
-                              else None),
+        telemetry_interval_s=(_poll_interval(tele["age_p99_ms"] / 1000.0)
+                              if tele["age_p99_ms"] and (tele["n"] or 0) >= 20 else None),
         pending_correction=pending,
         admission_limit=None if full_at is None else max(1, int(full_at)),
         client_timeout_s=statistics.median(timed_out) / 1000.0 if timed_out else None,
@@ -622,7 +634,8 @@ def calibrate(reader: Reader, recorded: Recorded) -> Calibration:
                     sources["decode"] = "decode fit (sequences only)"
     for rep in recorded.replicas:
         speeds.setdefault(rep, 1.0)
-    kv_capacity = _kv_capacity(reader, recorded, by_replica, block_size=testbed.ReplicaConfig().block_size)
+    kv_capacity = _kv_capacity(reader, recorded, by_replica, block_size=testbed.ReplicaConfig().block_size,
+                               chunk_tokens=mbt)
     if kv_capacity is not None:
         sources["kv"] = "kv_usage fit"
     cost = dataclasses.replace(default, step_overhead_ms=overhead, decode_ms_per_seq=per_seq,
@@ -637,7 +650,7 @@ KV_USAGE_MIN = 0.1
 
 
 def _kv_capacity(reader: Reader, recorded: Recorded, by_replica: dict[str, list[_Execution]], *,
-                 block_size: int, max_readings: int = 2000) -> int | None:
+                 block_size: int, chunk_tokens: int, max_readings: int = 2000) -> int | None:
     """The KV pool per replica, in tokens: at each reading of a replica's KV usage (what its
     routers saw, or a scrape; at most ``max_readings``, evenly spaced), the blocks its admitted
     executions held over the usage; the median over readings, to 1,000 tokens. A request holds
@@ -675,13 +688,23 @@ def _kv_capacity(reader: Reader, recorded: Recorded, by_replica: dict[str, list[
                 continue
             prompt = e.uncached + e.cached
             made = (e.output * (t - e.first) / (e.end - e.first)) if t > e.first < e.end else 0.0
+            # a prefill allocates a chunk's blocks when the step computing it starts: with
+            # chunks of the step budget spread evenly over the prefill
+            steps = max(1, math.ceil(e.uncached / chunk_tokens))
+            done = math.floor(steps * max(0.0, t - e.admit) / (e.first - e.admit)) + 1
+            held = (prompt if t >= e.first else
+                    e.cached + min(e.uncached, done * chunk_tokens))
             segs = segments.get(e.request_key)
             if segs:
+                left = math.ceil(held / block_size)
                 for k, n in segs:
-                    shared[k] = n
+                    if left <= 0:
+                        break
+                    shared[k] = max(shared.get(k, 0), min(n, left))
+                    left -= n
                 own += math.ceil((prompt + made) / block_size) - math.ceil(prompt / block_size)
             else:
-                own += math.ceil((prompt + made) / block_size)
+                own += math.ceil((held + made) / block_size)
         held = (own + sum(shared.values())) * block_size
         if held > 0:
             ratios.append(held / usage)
