@@ -20,6 +20,7 @@ given, so a live (asyncio) mode can reuse it.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,6 +118,14 @@ class Replica:
         self._decode: list[Seq] = []
         self._run_k = 0  # >0: a decode run of this many steps is in progress
         self._run_dt = 0.0
+        # Snapshots are taken for every replica at every decision, far more often than the
+        # state changes: the remaining-decode sum is cached per state version (bumped by every
+        # change of the queues or of a sequence's progress).
+        self._ver = 0
+        self._dec_ver = -1
+        self._dec_sum = 0  # sum of remaining decode tokens over running (no step in flight)
+        self._dec_xs: list[int] = []  # in a decode run: remaining per running seq, ascending
+        self._dec_suffix: list[int] = []  # suffix sums of _dec_xs (one more element)
 
     # ---------------------------------------------------------------- block arithmetic
     def _prompt_blocks(self, req: Request, t: int) -> int:
@@ -157,6 +166,7 @@ class Replica:
         self.waiting.append(seq)
         self.rem_prefill += seq.target
         self.waiting_decode += seq.exp_out
+        self._ver += 1
         self._wake()
         return seq
 
@@ -164,6 +174,7 @@ class Replica:
         """The client gave up: drop the request now (waiting) or at the end of this step."""
         if seq.state == DONE:
             return
+        self._ver += 1
         if seq.state == WAITING:
             self.waiting.remove(seq)
             self.rem_prefill -= seq.target - seq.computed
@@ -176,19 +187,37 @@ class Replica:
     def snapshot(self) -> Snapshot:
         """Telemetry now (valid in the middle of a decode run too)."""
         now = self.env.now
+        if self._dec_ver != self._ver:
+            self._refresh_decode_cache()
         dec = self.waiting_decode
+        j = 0
         if self._run_k:
             j = min(self._run_k, int((now - self._step_start) / self._run_dt + 1e-9))
+        if j:
+            # every running sequence decodes during a run: sum of max(0, x - j) over them
+            xs = self._dec_xs
+            i = bisect_right(xs, j)
+            dec += self._dec_suffix[i] - j * (len(xs) - i)
         else:
-            j = 0
-        for s in self.running:
-            r = s.exp_out - s.generated - (j if s.computed >= s.target else 0)
-            if r > 0:
-                dec += r
+            dec += self._dec_sum
+        pool = self.pool
+        cap = pool.capacity
         return Snapshot(
-            self.id, now, len(self.waiting), len(self.running), self.pool.usage(),
-            self.rem_prefill, dec,
+            self.id, now, len(self.waiting), len(self.running),
+            (cap - pool.free - pool.evictable) / cap, self.rem_prefill, dec,
         )
+
+    def _refresh_decode_cache(self) -> None:
+        xs = sorted(s.exp_out - s.generated for s in self.running)
+        total = 0
+        suffix = [0] * (len(xs) + 1)
+        for i in range(len(xs) - 1, -1, -1):
+            total += xs[i] if xs[i] > 0 else 0
+            suffix[i] = total
+        self._dec_xs = xs
+        self._dec_suffix = suffix
+        self._dec_sum = total
+        self._dec_ver = self._ver
 
     # ---------------------------------------------------------------- stepping
     def _wake(self) -> None:
@@ -202,6 +231,7 @@ class Replica:
             new_k = min(self._run_k, max(1, math.ceil(done - 1e-9)))
             if new_k < self._run_k:
                 self._event.cancel()
+                self._ver += 1
                 self._run_k = new_k
                 self._event = self.env.at(
                     self._step_start + new_k * self._run_dt, PRIO_STEP, self._end_step
@@ -218,6 +248,7 @@ class Replica:
 
     def _finish(self, seq: Seq, reason: str) -> None:
         self._release(seq)
+        self._ver += 1
         seq.state = DONE
         seq.finish_reason = reason
         seq.t_finish = self.env.now
@@ -298,6 +329,7 @@ class Replica:
         env = self.env
         now = env.now
         pool = self.pool
+        self._ver += 1
         self._prefill = prefill = []
         self._decode = decode = []
         self._run_k = 0
@@ -407,6 +439,7 @@ class Replica:
 
     def _end_step(self) -> None:
         now = self.env.now
+        self._ver += 1
         self.busy_s += now - self._step_start
         finished: list[Seq] = []
         if self._run_k:
@@ -431,6 +464,7 @@ class Replica:
                         s.t_first_token = now
                         if self.on_first_token is not None:
                             self.on_first_token(s)
+                            self._ver += 1
                     if s.generated >= s.req.output_tokens:
                         finished.append(s)
             for s in self._decode:
