@@ -13,6 +13,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 
 import audit
 import testbed
+from audit import queries
 from audit.attribution import compare_runs
 from collectors.otlp import Collector, default_config
 from routeaudit import cli
@@ -145,6 +146,9 @@ def test_both_runs_are_stored_and_compare_reads_them(stored: WhatIfResult) -> No
         assert row["ttft_p50_ms"] == pytest.approx(figures.ttft_p50_ms, rel=1e-6)
         assert row["ttft_p90_ms"] == pytest.approx(figures.ttft_p90_ms, rel=1e-6)
         assert row["tpot_p50_ms"] == pytest.approx(figures.tpot_p50_ms, rel=1e-6)
+    # the dashboard's Policies page lists them with their policies
+    listed = {r["run_id"]: r["policies"] for r in queries.run_list(reader).iter_rows(named=True)}
+    assert listed == {stored.replay.run_id: "round_robin", stored.whatif.run_id: "cache_aware"}
 
 
 def test_a_second_whatif_into_the_same_store_is_refused(recording: Recording,
@@ -164,6 +168,20 @@ def test_more_replicas_and_slower_telemetry_are_the_what_if_fleet(recording: Rec
     # a fourth nominal replica takes load off the slow one
     assert result.whatif.ttft_p90_ms is not None and result.replay.ttft_p90_ms is not None
     assert result.whatif.ttft_p90_ms < result.replay.ttft_p90_ms
+
+
+def test_a_time_window_replays_only_its_arrivals(recording: Recording) -> None:
+    run = recording.runs["cache_aware"].run_id
+    reader = audit.open(recording.db)
+    arrivals = reader.query("select client_start from requests where run_id = ? "
+                            "order by client_start", [run])["client_start"].to_list()
+    since, until = arrivals[30], arrivals[90]
+    inside = sum(1 for t in arrivals if since <= t < until)
+    result = run_whatif(recording.db, policy="round_robin", run=run, since=since.isoformat(),
+                        until=until.isoformat(), out=None, progress=False, log=_quiet)
+    assert result.recorded.requests == inside < len(arrivals)
+    assert result.replay is not None and result.replay.requests == inside
+    assert result.whatif.requests == inside
 
 
 @pytest.mark.parametrize(("argv", "message"), [
