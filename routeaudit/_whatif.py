@@ -916,6 +916,15 @@ def _run_slug(recorded: Recorded) -> str:
     return run if run is not None else "window"
 
 
+def _relations_lag(reader: Reader) -> str | None:
+    from audit import AuditError, queries
+
+    try:
+        return queries.describe_lag(queries.relations_freshness(reader))
+    except AuditError:
+        return None  # a store too old to say
+
+
 def _existing_runs(out: Path) -> set[str]:
     if not out.exists():
         return set()
@@ -952,12 +961,17 @@ def run_whatif(db: Path, *, policy: str, run: str | None = None, since: str | No
     started = time.perf_counter()
     reader = audit.open(db, slo=slo)
     recorded = load_recorded(reader, run=run, since=since, until=until)
+    notes: list[str] = []
+    lag = _relations_lag(reader)
+    if lag is not None:
+        # the replay reads the relations: spans not yet in them are traffic it does not see
+        notes.append(f"{lag} The replay reads the relations only.")
+        say(notes[-1])
     say(f"read {len(recorded.requests)} requests {recorded.description} from {db}"
         + (f" ({recorded.dropped} without input tokens skipped)" if recorded.dropped else ""))
     calibration = calibrate(reader, recorded)
     say(f"calibrated: {calibration.describe()}")
     requests = to_requests(recorded)
-    notes: list[str] = []
     renamed = [(f"replica-{i}", name) for i, name in enumerate(recorded.replicas)
                if name != f"replica-{i}"]
     if renamed:
