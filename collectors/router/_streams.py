@@ -4,10 +4,14 @@ The wrappers end the forward span when the body is done: as soon as the replica'
 complete (``data: [DONE]`` seen, or the Content-Length reached), *before* relaying those last
 bytes, so that on true time the forward span ends before its caller can see the end (clock
 correction relies on that nesting: docs/clock.md); else when the body is exhausted; with the
-error that broke it; or as ``cancelled`` when the consumer stopped early (``GeneratorExit`` from ``close()`` /
-``aclose()`` or garbage collection, ``asyncio.CancelledError`` when the server cancels the task
-of a client that went away). The first non-empty chunk marks the router's first byte. Errors of
-the body itself are re-raised: they are the router's to handle.
+error that broke it; or as ``cancelled`` when the consumer stopped early (``GeneratorExit`` from
+``close()`` / ``aclose()`` or garbage collection, ``asyncio.CancelledError`` when the server
+cancels the task of a client that went away, httpx's ``StreamClosed`` when the router closed the
+upstream response before its body was read through). A router without a server span
+(``RouterMiddleware`` / ``rec.serve()``) has no other span to say its client went away, so the
+forward span then also carries the status the middleware would record, 499: the request is
+``cancelled`` by the router's account, not an error. The first non-empty chunk marks the
+router's first byte. Errors of the body itself are re-raised: they are the router's to handle.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ if TYPE_CHECKING:
 __all__ = ["answer_complete", "async_relay", "sync_relay"]
 
 _DONE: Final = b"data: [DONE]"
+CLIENT_CLOSED: Final = 499
+"""The status of an answer the client went away from (nginx's "client closed request"), as
+``RouterMiddleware`` records it on the server span."""
 
 
 def answer_complete(chunk: bytes, seen: int, total: int | None) -> bool:
@@ -33,6 +40,21 @@ def answer_complete(chunk: bytes, seen: int, total: int | None) -> bool:
 def _length(body: Any) -> int | None:
     value = body.headers.get("content-length")
     return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    """The consumer went away: a closed generator, a cancelled task, or httpx's ``StreamClosed``
+    (duck-typed: this package does not import httpx)."""
+    return (isinstance(exc, (GeneratorExit, asyncio.CancelledError))
+            or type(exc).__name__ == "StreamClosed")
+
+
+def _cancelled(fwd: Forward) -> None:
+    """End ``fwd`` as cancelled; with no server span to record the client's leaving, the
+    forward span carries it as status 499."""
+    if not fwd._ended and fwd._decision._server is None:
+        fwd.set_http_status(CLIENT_CLOSED)
+    fwd._end_cancelled()
 
 
 def _is_response(body: Any) -> bool:
@@ -85,11 +107,11 @@ def _sync(
                 if isinstance(chunk, bytes) and answer_complete(chunk, seen, total):
                     fwd.end()
             yield chunk
-    except GeneratorExit:
-        fwd._end_cancelled()
-        raise
     except BaseException as exc:
-        fwd.end(exc)
+        if _is_cancel(exc):
+            _cancelled(fwd)
+        else:
+            fwd.end(exc)
         raise
     finally:
         fwd.end()
@@ -116,11 +138,11 @@ async def _async(
                 if isinstance(chunk, bytes) and answer_complete(chunk, seen, total):
                     fwd.end()
             yield chunk
-    except (GeneratorExit, asyncio.CancelledError):
-        fwd._end_cancelled()
-        raise
     except BaseException as exc:
-        fwd.end(exc)
+        if _is_cancel(exc):
+            _cancelled(fwd)
+        else:
+            fwd.end(exc)
         raise
     finally:
         fwd.end()

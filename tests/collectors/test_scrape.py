@@ -60,11 +60,25 @@ def test_vllm_capture(captures: Path) -> None:
     assert list(row) == SCHEMA.names
 
 
-@pytest.mark.parametrize("name", ["smg-0.3.2", "vllm-router-0.1.17"])
-def test_router_captures_have_no_engine_fields(captures: Path, name: str) -> None:
+@pytest.mark.parametrize(("name", "in_flight", "dispatched"), [
+    ("smg-0.3.2", (None, None), (None, None)),
+    ("vllm-router-0.1.17", (0.0, 0.0), (5.0, 15.0)),
+])
+def test_router_captures_give_one_row_per_worker(
+        captures: Path, name: str, in_flight: tuple[float | None, ...],
+        dispatched: tuple[float | None, ...]) -> None:
+    """A router's /metrics: no row for the router itself, one per worker it labels, with what
+    the router knows of it and no engine fields."""
     text = (captures / "metrics" / f"{name}.metrics.txt").read_text()
-    (row,) = parse_metrics(text, "127.0.0.1:29000", 1)
-    assert row["ok"] and row["dp_rank"] is None and row["running"] is None
+    rows = parse_metrics(text, "127.0.0.1:29000", 1)
+    assert [r["replica"] for r in rows] == ["127.0.0.1:18001", "127.0.0.1:18002"]
+    for row in rows:
+        assert row["ok"] and row["source"] == "router" and row["target"] == "127.0.0.1:29000"
+        assert row["dp_rank"] is None and row["running"] is None and row["waiting"] is None
+        assert row["router_healthy"] is True
+    assert tuple(r["router_in_flight"] for r in rows) == in_flight
+    assert tuple(r["router_dispatched"] for r in rows) == dispatched
+    pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
 def test_sglang_dp_ranks() -> None:

@@ -1,10 +1,13 @@
 """A live stack for third-party router tests: a collector (OTLP/gRPC + OTLP/HTTP on free loopback
 ports, scraping the replicas' /metrics) and two live testbed replicas exporting OTLP/HTTP to it.
 The test puts a real router (SMG, vllm-router) in front, drives the instrumented client through
-it and reads the marts. Everything is stopped in the fixture's teardown, also on failure."""
+it and reads the marts. Everything is stopped in the fixture's teardown, also on failure.
+``scraped_stack`` also scrapes a router's Prometheus port, reserved before the collector starts
+(``Stack.router_metrics_port``), so the router started on it is sampled like the replicas."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +21,7 @@ import audit
 from audit._slo import SLO
 from collectors.client import ClientResult, run_load
 from collectors.otlp import Collector, default_config
+from collectors.routers import free_port
 from testbed.live import LiveReplica, ServerThread, live_requests, make_tracer_provider
 from testbed.live._servers import bind
 
@@ -34,6 +38,7 @@ class Stack:
     servers: list[ServerThread] = field(default_factory=list)
     providers: list[TracerProvider] = field(default_factory=list)
     client_tp: TracerProvider | None = None
+    router_metrics_port: int | None = None
 
     @property
     def worker_urls(self) -> list[str]:
@@ -120,15 +125,17 @@ class Stack:
         return {r["rid"]: r["replica"] for r in rows}
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
+@contextlib.contextmanager
+def _stack(tmp_path: Path, router_metrics_port: int | None = None) -> Iterator[Stack]:
     # the replicas' sockets are bound first so the collector knows its scrape targets
     socks = [bind("127.0.0.1", 0) for _ in range(2)]
     ids = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+    targets = [f"http://{i}/metrics" for i in ids]
+    if router_metrics_port is not None:
+        targets.append(f"http://127.0.0.1:{router_metrics_port}/metrics")
     db = tmp_path / "audit.duckdb"
     cfg = default_config(db_path=db, http_port=0, grpc_port=0, refresh_interval_s=0.5,
-                         scrape_targets=[f"http://{i}/metrics" for i in ids],
-                         scrape_interval_s=0.2)
+                         scrape_targets=targets, scrape_interval_s=0.2)
     col = Collector(cfg)
     try:
         col.start()
@@ -136,7 +143,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         for s in socks:
             s.close()
         raise
-    st = Stack(col, db, f"routers-{tmp_path.name[-12:]}", ids)
+    st = Stack(col, db, f"routers-{tmp_path.name[-12:]}", ids,
+               router_metrics_port=router_metrics_port)
     try:
         for s, rid in zip(socks, ids, strict=True):
             tp = make_tracer_provider("replica", rid, otlp_endpoint=col.traces_url,
@@ -163,3 +171,17 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
             except Exception:  # noqa: BLE001 - teardown goes on
                 pass
         col.stop()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    with _stack(tmp_path) as st:
+        yield st
+
+
+@pytest.fixture
+def scraped_stack(tmp_path: Path) -> Iterator[Stack]:
+    """A stack whose collector also scrapes ``router_metrics_port`` (nothing listens there
+    until the test starts a router with ``prometheus_port=stack.router_metrics_port``)."""
+    with _stack(tmp_path, free_port()) as st:
+        yield st

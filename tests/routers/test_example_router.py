@@ -172,3 +172,45 @@ def test_example_router_end_to_end(stack: Stack) -> None:
     assert not [c for c in clocks if c["clock_suspect"]], clocks
     assert all(c["status"] == "ok" and c["chosen_replica"] == c["served_by"] == replica_b
                for c in clocks if c["request_id"] in traced_ids), clocks
+
+
+def test_example_router_without_middleware_records_a_client_cancel(stack: Stack) -> None:
+    """The same router with its ``RouterMiddleware`` taken off: only the decision and forward
+    spans (``fwd.astream()``) are left to say that the client went away mid-stream. The request
+    is ``cancelled`` (HTTP 499, from the router), not an error; a stream read to the end is ok.
+    Without the middleware the router's request ids are its own (it passes none), so the two
+    requests are told apart by their ``max_tokens``."""
+    tp = make_tracer_provider("router", "example-router-bare",
+                              otlp_endpoint=stack.collector.traces_url, run_id=stack.run_id)
+    assert tp is not None
+    stack.providers.append(tp)
+    wrapped = _example().make_app(stack.worker_urls, tracer_provider=tp)
+    router = ServerThread(wrapped.app, "127.0.0.1", name="example-router-bare").start()
+    stack.servers.append(router)
+    url = router.url + "/v1/completions"
+    with httpx.Client(timeout=30.0) as client:
+        with client.stream("POST", url, json=_body(PROMPT_B, stream=True, max_tokens=6)
+                           ) as streamed:
+            assert streamed.status_code == 200
+            assert streamed.read().rstrip().endswith(b"data: [DONE]")
+        with client.stream("POST", url, json=_body(PROMPT_C, stream=True, max_tokens=400)
+                           ) as cancelled:
+            assert cancelled.status_code == 200
+            assert next(cancelled.iter_raw())  # one chunk, then the client walks away
+
+    sql = ("select max_tokens, status, http_status, failure_source, failure_reason, has_router, "
+           "has_replica from requests where router_id = 'example-router'")
+    deadline = time.monotonic() + 15.0
+    while True:
+        stack.flush()
+        rows = {r["max_tokens"]: r for r in stack.query(sql)}
+        if sorted(rows) == [6, 400] and all(r["has_router"] and r["has_replica"]
+                                            for r in rows.values()):
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.25)
+    assert not stack.query("select 1 from raw_spans where kind = 'server' and "
+                           "a_component = 'router'")  # no middleware: no server span
+    assert (rows[6]["status"], rows[6]["http_status"]) == ("ok", 200), rows[6]
+    assert (rows[400]["status"], rows[400]["http_status"], rows[400]["failure_source"]) == (
+        "cancelled", 499, "router"), rows[400]

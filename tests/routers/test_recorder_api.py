@@ -135,6 +135,22 @@ def test_sync_stream_ends_the_forward_on_cancel(otel: Any) -> None:
     fwd = by_name(exporter)[sc.SPAN_FORWARD]
     assert fwd.status.status_code is StatusCode.ERROR
     assert attrs(fwd)[sc.ERROR_TYPE] == "cancelled"
+    assert attrs(fwd)[sc.HTTP_STATUS] == 499  # no server span: the forward says the client left
+    assert rec.errors == 0
+
+
+def test_sync_stream_of_an_upstream_closed_under_it_is_a_cancel(otel: Any) -> None:
+    """The router closed the replica's response before its body was read (httpx StreamClosed):
+    the consumer is gone, not the replica."""
+    tp, exporter = otel
+    rec = DecisionRecorder("p", tracer_provider=tp)
+    resp = httpx.Response(200, content=chunks(3))
+    relayed = _decision(rec, "s-closed").forward("http://r/x").stream(resp)
+    resp.close()
+    with pytest.raises(httpx.StreamClosed):
+        next(relayed)
+    fwd = by_name(exporter)[sc.SPAN_FORWARD]
+    assert attrs(fwd)[sc.ERROR_TYPE] == "cancelled" and attrs(fwd)[sc.HTTP_STATUS] == 499
     assert rec.errors == 0
 
 
@@ -174,6 +190,8 @@ def test_async_stream_ends_the_forward_on_completion_error_and_aclose(otel: Any)
     assert fwds["as-ok"].status.status_code is StatusCode.UNSET
     assert attrs(fwds["as-err"])[sc.ERROR_TYPE] == "ConnectionResetError"
     assert attrs(fwds["as-close"])[sc.ERROR_TYPE] == "cancelled"
+    assert attrs(fwds["as-close"])[sc.HTTP_STATUS] == 499
+    assert sc.HTTP_STATUS not in attrs(fwds["as-err"])  # an upstream error is not a cancel
     assert all(fwds[k].status.status_code is StatusCode.ERROR for k in ("as-err", "as-close"))
 
 
@@ -206,6 +224,7 @@ def test_async_stream_ends_the_forward_when_the_task_is_cancelled(otel: Any) -> 
     spans = by_name(exporter)
     fwd = spans[sc.SPAN_FORWARD]
     assert attrs(fwd)[sc.ERROR_TYPE] == "cancelled"
+    assert sc.HTTP_STATUS not in attrs(fwd)  # the server span records the 499
     server = next(s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER)
     assert attrs(server)[sc.HTTP_STATUS] == 499 and attrs(server)[sc.ERROR_TYPE] == "cancelled"
     assert sc.ROUTER_TTFB_MS in attrs(server)  # the relay marked the first byte

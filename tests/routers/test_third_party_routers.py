@@ -10,6 +10,8 @@ Ground truth for "who served it" is the replica's own raw span, not the marts.
 from __future__ import annotations
 
 import math
+import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -148,15 +150,19 @@ def _check_reconstructed(stack: Stack, rows: dict[str, dict[str, Any]],
 # ------------------------------------------------------------------------------------------ SMG
 @needs_smg
 @pytest.mark.parametrize("policy", ["round_robin", "cache_aware", "power_of_two"])
-def test_smg_requests_link_to_the_replica_that_served_them(stack: Stack, policy: str) -> None:
+def test_smg_requests_link_to_the_replica_that_served_them(scraped_stack: Stack,
+                                                           policy: str) -> None:
+    stack = scraped_stack
     stack.wait_for_scrapes()
     ids: list[str]
-    with start_smg(stack.worker_urls, policy=policy,
-                   otlp_traces_endpoint=stack.grpc_endpoint) as router:
+    with start_smg(stack.worker_urls, policy=policy, otlp_traces_endpoint=stack.grpc_endpoint,
+                   prometheus_port=stack.router_metrics_port) as router:
         results = stack.drive(router.url, f"smg-{policy}")
         by_id = _ok(results, 20)
         ids = sorted(by_id)
         routed = stack.wait_for_requests(ids)
+        assert router.metrics_url is not None
+        _check_router_view(stack, router.metrics_url, ids)
     assert routed == len(ids), f"SMG spans of {len(ids) - routed} requests never arrived"
     truth = stack.truth(ids)
     rows = _requests(stack, ids)
@@ -184,15 +190,20 @@ def test_smg_probes_are_not_requests(stack: Stack) -> None:
 # ---------------------------------------------------------------------------------- vllm-router
 @needs_vllm_router
 @pytest.mark.parametrize("policy", ["round_robin", "power_of_two"])
-def test_vllm_router_requests_link_and_lost_spans_are_flagged(stack: Stack, policy: str) -> None:
+def test_vllm_router_requests_link_and_lost_spans_are_flagged(scraped_stack: Stack,
+                                                              policy: str) -> None:
+    stack = scraped_stack
     stack.wait_for_scrapes()
     with start_vllm_router(stack.worker_urls, policy=policy,
-                           otlp_traces_endpoint=stack.grpc_endpoint) as router:
+                           otlp_traces_endpoint=stack.grpc_endpoint,
+                           prometheus_port=stack.router_metrics_port) as router:
         results = stack.drive(router.url, f"vr-{policy}")
         by_id = _ok(results, 20)
         ids = sorted(by_id)
         # vllm-router loses the spans of its first request or two: wait, but accept gaps
         routed = stack.wait_for_requests(ids, allowed_router_missing=3)
+        assert router.metrics_url is not None
+        _check_router_view(stack, router.metrics_url, ids)
     assert routed >= len(ids) - 3
     truth = stack.truth(ids)
     rows = _requests(stack, ids)
@@ -272,3 +283,40 @@ def test_attributions_of_router_side_missing_requests_are_not_recorded_evidence(
     primary = {(a["cause"], a["sub_kind"]) for a in attr}
     assert primary == {("incomplete_trace", "router_side_missing")}
     assert {a["evidence_source"] for a in attr} == {"none"}
+
+
+# ------------------------------------------------------------------- routers' /metrics → snapshots
+def _router_view(stack: Stack, target: str) -> dict[str, dict[str, Any]]:
+    """replica → the latest router row about it scraped from ``target``."""
+    rows = stack.query(
+        "select replica, arg_max(router_dispatched, scraped_ns) as dispatched, "
+        "arg_max(router_in_flight, scraped_ns) as in_flight, "
+        "arg_max(router_healthy, scraped_ns) as healthy, "
+        "bool_and(source = 'router') as all_router, bool_and(running is null) as no_engine "
+        "from snapshots where target = ? and ok group by replica", [target])
+    return {r["replica"]: r for r in rows}
+
+
+
+def _check_router_view(stack: Stack, target: str, ids: list[str]) -> None:
+    """The collector scraped the router's /metrics next to the replicas': one snapshot row per
+    worker with source 'router', counting exactly the requests the replicas say the router sent
+    them (polled: the counters reach the store with a later scrape). Call it while the router
+    runs."""
+    assert target == f"http://127.0.0.1:{stack.router_metrics_port}/metrics"
+    served = Counter(stack.truth(ids).values())
+    want = {rid: served.get(rid, 0) for rid in stack.replica_ids}
+    deadline = time.monotonic() + 15.0
+    while True:
+        view = _router_view(stack, target)
+        got = {rid: (view[rid]["dispatched"] or 0) if rid in view else 0
+               for rid in stack.replica_ids}
+        if got == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert got == want, view
+    assert view and set(view) <= set(stack.replica_ids), view  # workers, never the router
+    for row in view.values():
+        assert row["all_router"] and row["no_engine"], row
+        assert row["healthy"] is True, row
+        assert row["in_flight"] in (None, 0.0), row  # nothing left in flight

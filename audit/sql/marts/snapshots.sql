@@ -1,8 +1,9 @@
--- snapshots: one row per scrape of one engine (grain: replica, dp_rank, scraped_at; target
--- disambiguates two scrape URLs of one replica). prefix_cache_hit_rate is windowed: the
--- increase of vLLM's hits counter over the increase of its queries counter since the previous
--- successful scrape of the same target and rank; null on the first scrape, when no query came
--- in, or when a counter went down (engine restart).
+-- snapshots: one row per scrape of one engine, or of one router's view of one worker
+-- (source = 'router'; grain: replica, dp_rank, scraped_at; target disambiguates two scrape
+-- URLs of one replica). prefix_cache_hit_rate is windowed: the increase of vLLM's hits counter
+-- over the increase of its queries counter since the previous successful scrape of the same
+-- target, replica and rank; null on the first scrape, when no query came in, or when a counter
+-- went down (engine restart).
 with
 
 stg_snapshots_source as (
@@ -16,10 +17,10 @@ snapshots_with_previous as (
     select
         *,
         lag(prefix_cache_queries) over (
-            partition by target, dp_rank, ok order by scraped_ns
+            partition by target, replica, dp_rank, ok order by scraped_ns
         ) as previous_queries,
         lag(prefix_cache_hits) over (
-            partition by target, dp_rank, ok order by scraped_ns
+            partition by target, replica, dp_rank, ok order by scraped_ns
         ) as previous_hits
     from stg_snapshots_source
 
@@ -47,7 +48,11 @@ final as (
                 / (prefix_cache_queries - previous_queries)
         end as prefix_cache_hit_rate,
         cache_hit_rate,
-        model_name
+        model_name,
+        source,
+        router_in_flight,
+        router_dispatched,
+        router_healthy
     from snapshots_with_previous
 
 )

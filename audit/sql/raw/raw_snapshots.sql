@@ -15,5 +15,11 @@ create table if not exists raw_snapshots (
     prefix_cache_queries double,        -- counter
     prefix_cache_hits double,           -- counter
     cache_hit_rate double,              -- SGLang gauge 0..1
-    model_name varchar
+    model_name varchar,
+    source varchar,                     -- 'replica': the engine's own /metrics (null in rows
+                                        -- written before this column); 'router': a router's
+                                        -- view of the worker in `replica`
+    router_in_flight double,            -- requests the router has outstanding at the worker
+    router_dispatched double,           -- counter: requests the router sent to the worker
+    router_healthy boolean              -- the router's health verdict on the worker
 );

@@ -1,6 +1,8 @@
--- stg_snapshots: one row per scrape of one engine (grain: target, dp_rank, scraped_ns).
--- raw_snapshots has no key (the collector writes it), so an exact repeat of a scrape is kept
--- once. The replica id is normalised like stg_spans. No joins, no aggregation.
+-- stg_snapshots: one row per scrape of one engine, or of one router's view of one worker
+-- (grain: target, replica, dp_rank, scraped_ns). raw_snapshots has no key (the collector
+-- writes it), so an exact repeat of a scrape is kept once. The replica id is normalised like
+-- stg_spans; rows written before `source` existed are the engines' own. No joins, no
+-- aggregation.
 with
 
 raw_snapshots_source as (
@@ -14,7 +16,7 @@ snapshots_deduplicated as (
     select *
     from raw_snapshots_source
     qualify row_number() over (
-        partition by target, dp_rank, scraped_ns
+        partition by target, replica, dp_rank, scraped_ns
         order by ok desc, error asc nulls first
     ) = 1
 
@@ -55,7 +57,11 @@ final as (
         prefix_cache_queries,
         prefix_cache_hits,
         cache_hit_rate,
-        model_name
+        model_name,
+        coalesce(source, 'replica') as source,
+        router_in_flight,
+        router_dispatched,
+        router_healthy
     from snapshots_deduplicated
 
 )
