@@ -34,14 +34,17 @@ __all__ = [
     "Calibration",
     "Figures",
     "Recorded",
+    "RecordedRequest",
     "WhatIfError",
     "WhatIfResult",
     "calibrate",
+    "figures_of_recorded",
     "figures_of_simulation",
     "fleet_config",
     "format_whatif",
     "load_recorded",
     "run_whatif",
+    "to_requests",
 ]
 
 DEFAULT_MAX_TOKENS = 2048

@@ -17,7 +17,14 @@ from audit import queries
 from audit.attribution import compare_runs
 from collectors.otlp import Collector, default_config
 from routeaudit import cli
-from routeaudit._whatif import WhatIfError, WhatIfResult, run_whatif
+from routeaudit._whatif import (
+    RecordedRequest,
+    WhatIfError,
+    WhatIfResult,
+    _block_tokens,
+    _poll_interval,
+    run_whatif,
+)
 from testbed.emit import OTelEmitter
 from testbed.workloads import hot_prefix
 
@@ -214,3 +221,28 @@ def test_cli_prints_the_table(recording: Recording, capsys: pytest.CaptureFixtur
                   "goodput req/s", "timeouts/cancelled", "rejected", "failed"):
         assert any(line.startswith(label) for line in lines), label
     assert "stored in" not in out
+
+
+def _request(input_tokens: int, n_hashes: int) -> RecordedRequest:
+    return RecordedRequest(request_key="k", request_id="r", arrival_ns=0,
+                           input_tokens=input_tokens, output_tokens=1, max_tokens=16,
+                           prefix_hashes=tuple(f"{i:016x}" for i in range(n_hashes)),
+                           status="ok", ttft_ms=1.0, tpot_ms=None, e2e_ms=1.0)
+
+
+@pytest.mark.parametrize(("shapes", "expected"), [
+    ([(1000, 2), (513, 2), (5000, 10)], 512),       # Mooncake's 512-token blocks
+    ([(2304, 36), (100, 2)], 64),                   # 64-token chunks
+    ([(700, 1)], 1024),                             # one hash only bounds it from below
+    ([(100, 0)], None),                             # no hashes: nothing to infer
+])
+def test_tokens_per_prefix_hash_are_inferred(shapes: list[tuple[int, int]],
+                                             expected: int | None) -> None:
+    assert _block_tokens([_request(i, n) for i, n in shapes]) == expected
+
+
+@pytest.mark.parametrize(("oldest_s", "expected"), [
+    (0.249, 0.25), (1.999, 2.0), (0.999, 1.0), (4.9, 5.0), (1.3, 1.3), (0.0125, 0.0125),
+])
+def test_poll_interval_is_read_from_the_oldest_telemetry(oldest_s: float, expected: float) -> None:
+    assert _poll_interval(oldest_s) == pytest.approx(expected)
