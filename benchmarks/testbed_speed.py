@@ -3,12 +3,18 @@ time. Prints wall time, simulated requests per wall second and, with ``--emit``,
 including span emission.
 
     python3 benchmarks/testbed_speed.py [--scenario baseline] [--policy qp_cost] [--n N]
-        [--emit none|recording|otel-memory] [--baseline-tree DIR] [--rounds K]
+        [--emit none|recording|otel-memory|otel-memory-sdk] [--no-ground-truth]
+        [--baseline-tree DIR] [--rounds K]
 
 ``--emit recording`` hands every finished request to an in-process ``RecordingEmitter``;
 ``otel-memory`` emits client, router and replica spans through the real OpenTelemetry SDK
 (``BatchSpanProcessor``) into an ``InMemorySpanExporter``, so it measures span construction
-and the SDK, not a network hop.
+and the SDK, not a network hop; ``otel-memory-sdk`` the same with every span started by the
+SDK's ``start_span`` (``OTelEmitter(direct_spans=False)``).
+
+``--no-ground-truth`` runs ``Simulation(ground_truth=False)`` (no decision-time truth, no
+labels: what a what-if replay needs); a ``testbed`` without that option runs with ground truth
+and the figure says so (``ground_truth`` in the output).
 
 ``--baseline-tree DIR`` runs the same measurement with the ``testbed`` package of another
 checkout (for example ``git archive <rev> testbed | tar -x -C DIR``) in a subprocess, alternating
@@ -38,16 +44,23 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
     mem: Any = None
     if args.emit == "recording":
         emitter = RecordingEmitter()
-    elif args.emit == "otel-memory":
+    elif args.emit in ("otel-memory", "otel-memory-sdk"):
+        import inspect
+
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
         from testbed._otel_emit import OTelEmitter
 
         mem = InMemorySpanExporter()
-        emitter = OTelEmitter(mem)
+        kw: dict[str, Any] = {}
+        if "direct_spans" in inspect.signature(OTelEmitter).parameters:
+            kw["direct_spans"] = args.emit == "otel-memory"
+        emitter = OTelEmitter(mem, **kw)
     t = time.perf_counter()
     sim = testbed.prepare_scenario(args.scenario, n_requests=args.n, replicas=args.replicas,
                                    policy=args.policy, emitter=emitter)
+    ground_truth = not args.no_ground_truth or not hasattr(sim, "ground_truth")
+    sim.ground_truth = ground_truth  # read by run(); an older testbed ignores it
     load_s = time.perf_counter() - t
     t = time.perf_counter()
     sim.run()
@@ -55,7 +68,7 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
         emitter.close()
     run_s = time.perf_counter() - t
     t = time.perf_counter()
-    rows = sim.ground_truth_rows()
+    rows = sim.ground_truth_rows() if ground_truth else []
     gt_s = time.perf_counter() - t
     s = sim.summary(run_s)
     return {
@@ -63,13 +76,14 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
         "run_s": run_s, "gt_s": gt_s, "rows": len(rows), "virtual_s": s.sim_duration_s,
         "events": s.events, "spans": len(mem.get_finished_spans()) if mem is not None else None,
         "ttft": (s.ttft_p50_ms, s.ttft_p90_ms, s.ttft_p99_ms), "cached": s.cached_token_fraction,
-        "slow": s.n_slow, "causes": s.primary_cause_counts,
+        "slow": s.n_slow, "causes": s.primary_cause_counts, "ground_truth": ground_truth,
     }
 
 
 def _print(m: dict[str, Any], label: str = "") -> None:
     run_s = m["run_s"]
-    print(f"{label}scenario={m['scenario']} policy={m['policy']} requests={m['requests']}")
+    print(f"{label}scenario={m['scenario']} policy={m['policy']} requests={m['requests']} "
+          f"ground_truth={m.get('ground_truth', True)}")
     print(f"{label}load {m['load_s']:6.2f} s   simulate+label{'+emit' if m['spans'] is not None else ''} "
           f"{run_s:6.2f} s   ground-truth rows {m['gt_s']:6.2f} s ({m['rows']})")
     print(f"{label}virtual time {m['virtual_s']:8.1f} s   speed-up x{m['virtual_s'] / run_s:8.1f}")
@@ -94,7 +108,10 @@ def main() -> None:
     ap.add_argument("--policy", default=None)
     ap.add_argument("--n", type=int, default=None, help="first N requests (default: all)")
     ap.add_argument("--replicas", type=int, default=8)
-    ap.add_argument("--emit", choices=["none", "recording", "otel-memory"], default="none")
+    ap.add_argument("--emit", choices=["none", "recording", "otel-memory", "otel-memory-sdk"],
+                    default="none")
+    ap.add_argument("--no-ground-truth", action="store_true",
+                    help="simulate without decision-time truth and labels")
     ap.add_argument("--baseline-tree", type=Path, default=None,
                     help="another checkout whose testbed package is measured alternately")
     ap.add_argument("--rounds", type=int, default=2)
@@ -111,6 +128,8 @@ def main() -> None:
         argv.append(f"--policy={args.policy}")
     if args.n:
         argv.append(f"--n={args.n}")
+    if args.no_ground_truth:
+        argv.append("--no-ground-truth")
     before: list[float] = []
     after: list[float] = []
     last: dict[str, dict[str, Any]] = {}
@@ -123,7 +142,10 @@ def main() -> None:
         _print(last[name], f"[{name}] ")
     b, a = statistics.median(before), statistics.median(after)
     print(f"requests/s (wall), median of {args.rounds}: before {b:.0f}  after {a:.0f}  x{a / b:.2f}")
-    same = {k: last["before"][k] == last["after"][k] for k in ("ttft", "slow", "causes", "spans")}
+    keys = ["ttft", "slow", "spans"]
+    if last["before"]["ground_truth"] == last["after"]["ground_truth"]:
+        keys.append("causes")
+    same = {k: last["before"][k] == last["after"][k] for k in keys}
     print(f"same outcomes before/after: {same}")
 
 

@@ -5,6 +5,14 @@ resource attributes ``service.name``, ``service.instance.id``, ``routeaudit.run.
 ``routeaudit.replica.id`` / ``routeaudit.router.id``, all exporting to one ``SpanExporter``.
 Spans carry simulated timestamps; collectors' after-the-fact APIs build them, so the spans are
 the same shape a live fleet would send.
+
+Why direct spans: the SDK's ``Tracer.start_span`` + ``Span.end`` (attribute validation under a
+lock, the mutable span) and a ``get_tracer`` per call were most of the emission cost, in virtual
+time where a run emits thousands of spans per wall second. With ``direct_spans`` (the default)
+every component's tracer starts its spans through ``collectors.router``'s direct spans, which
+decide, identify and export them exactly as the SDK would (same sampler, id generator, span
+processors, resource and scope) wherever that is equivalent, and fall back to the SDK path
+otherwise. ``tests/testbed/test_otel_emit.py`` compares both paths' exported spans.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import semconv as sc
 
 if TYPE_CHECKING:
+    from opentelemetry import trace
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -58,52 +67,112 @@ def _unclosable_type() -> Callable[[SpanExporter], SpanExporter]:
     return _Unclosable
 
 
+@functools.cache
+def _direct_types() -> tuple[Any, Any]:
+    """``(_DirectProvider, _DirectTracer)``, defined on first use (they subclass API classes)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import Tracer as SdkTracer
+
+    from collectors.router._direct_spans import DirectSpans
+
+    class _DirectTracer(trace.Tracer):
+        """An SDK tracer whose spans start as direct spans while that gives the SDK's spans."""
+
+        def __init__(self, tracer: SdkTracer) -> None:
+            self._tracer = tracer
+            self._direct = DirectSpans.of(tracer)
+
+        def start_span(self, name: str, context: Any = None,
+                       kind: trace.SpanKind = trace.SpanKind.INTERNAL, attributes: Any = None,
+                       links: Any = None, start_time: int | None = None,
+                       record_exception: bool = True,
+                       set_status_on_exception: bool = True) -> trace.Span:
+            d = self._direct
+            if d is not None and not links and d.usable():
+                return d.start(name, context, kind, attributes or {}, start_time)
+            return self._tracer.start_span(name, context, kind, attributes, links, start_time,
+                                           record_exception, set_status_on_exception)
+
+        def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+            return self._tracer.start_as_current_span(*args, **kwargs)
+
+    class _DirectProvider(trace.TracerProvider):
+        """One component's provider: one cached :class:`_DirectTracer` per scope."""
+
+        def __init__(self, provider: TracerProvider) -> None:
+            self._provider = provider
+            self._tracers: dict[tuple[str, str | None, str | None], _DirectTracer] = {}
+
+        def get_tracer(self, instrumenting_module_name: str,
+                       instrumenting_library_version: str | None = None,
+                       schema_url: str | None = None, attributes: Any = None) -> trace.Tracer:
+            key = (instrumenting_module_name, instrumenting_library_version, schema_url)
+            t = self._tracers.get(key)
+            if t is None:
+                t = _DirectTracer(self._provider.get_tracer(  # type: ignore[arg-type]
+                    instrumenting_module_name, instrumenting_library_version, schema_url,
+                    attributes))
+                if attributes is None:  # a scope with attributes is not cached
+                    self._tracers[key] = t
+            return t
+
+    return _DirectProvider, _DirectTracer
+
+
 class OTelEmitter:
     """Emit client, decision + forward, and replica spans for each finished request.
 
     ``exporter``: any SDK ``SpanExporter`` (OTLP to a collector, or ``InMemorySpanExporter``).
     ``batch``: use a ``BatchSpanProcessor`` (else ``SimpleSpanProcessor``, synchronous).
-    Failures are logged and counted in ``errors``; they never reach the simulator.
+    ``direct_spans``: start spans as direct spans (module docstring); False takes the SDK's
+    ``start_span`` for every span. Failures are logged and counted in ``errors``; they never
+    reach the simulator.
     """
 
-    def __init__(self, exporter: SpanExporter, *, batch: bool = True, endpoint: str = "/v1/completions") -> None:
+    def __init__(self, exporter: SpanExporter, *, batch: bool = True, endpoint: str = "/v1/completions",
+                 direct_spans: bool = True) -> None:
         self.exporter = exporter
         self.batch = batch
         self.endpoint = endpoint
+        self.direct_spans = direct_spans
         self.errors = 0
         self._providers: dict[tuple[str, str], TracerProvider] = {}
+        self._emitting: dict[tuple[str, str], trace.TracerProvider] = {}
         self._recorders: dict[str, Any] = {}
         self._closed = False
         self._emitted = 0
 
-    def _provider(self, component: str, instance: str, run_id: str) -> TracerProvider:
+    def _provider(self, component: str, instance: str, run_id: str) -> trace.TracerProvider:
+        """The provider ``component``'s spans are emitted through (created on first use)."""
         key = (component, instance)
-        tp = self._providers.get(key)
-        if tp is None:
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        emitting = self._emitting.get(key)
+        if emitting is not None:
+            return emitting
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
-            attrs: dict[str, Any] = {
-                sc.SERVICE_NAME: f"testbed-{component}",
-                sc.SERVICE_INSTANCE_ID: instance,
-                sc.RUN_ID: run_id,
-                sc.HOST_NAME: instance,  # one virtual clock, but one "host" per component
-            }
-            if component == "replica":
-                attrs[sc.REPLICA_ID] = instance
-            elif component == "router":
-                attrs[sc.ROUTER_ID] = instance
-            tp = TracerProvider(resource=Resource.create(attrs))
-            shared = _unclosable_type()(self.exporter)
-            # Virtual time emits far faster than real time: a queue that overflows drops spans
-            # silently, so the queue is large and emit() drains it every FLUSH_EVERY requests.
-            proc = (BatchSpanProcessor(shared, max_queue_size=_QUEUE_SPANS,
-                                       max_export_batch_size=1024, schedule_delay_millis=200)
-                    if self.batch else SimpleSpanProcessor(shared))
-            tp.add_span_processor(proc)
-            self._providers[key] = tp
-        return tp
+        attrs: dict[str, Any] = {
+            sc.SERVICE_NAME: f"testbed-{component}",
+            sc.SERVICE_INSTANCE_ID: instance,
+            sc.RUN_ID: run_id,
+            sc.HOST_NAME: instance,  # one virtual clock, but one "host" per component
+        }
+        if component == "replica":
+            attrs[sc.REPLICA_ID] = instance
+        elif component == "router":
+            attrs[sc.ROUTER_ID] = instance
+        tp = TracerProvider(resource=Resource.create(attrs))
+        shared = _unclosable_type()(self.exporter)
+        # Virtual time emits far faster than real time: a queue that overflows drops spans
+        # silently, so the queue is large and emit() drains it every FLUSH_EVERY requests.
+        proc = (BatchSpanProcessor(shared, max_queue_size=_QUEUE_SPANS,
+                                   max_export_batch_size=1024, schedule_delay_millis=200)
+                if self.batch else SimpleSpanProcessor(shared))
+        tp.add_span_processor(proc)
+        self._providers[key] = tp
+        self._emitting[key] = _direct_types()[0](tp) if self.direct_spans else tp
+        return self._emitting[key]
 
     def emit(self, t: RequestTrace) -> None:
         if self._closed:
@@ -134,7 +203,8 @@ class OTelEmitter:
         rec = self._recorders.get(t.router_id)
         if rec is None:
             rec = DecisionRecorder(policy=t.policy, router_id=t.router_id,
-                                   tracer_provider=self._provider("router", t.router_id, t.run_id))
+                                   tracer_provider=self._providers_sdk("router", t.router_id, t.run_id),
+                                   direct_spans=self.direct_spans)
             self._recorders[t.router_id] = rec
         cands = [
             Candidate(
@@ -174,6 +244,11 @@ class OTelEmitter:
             status="ok" if t.status == "ok" else "cancelled",
             tracer_provider=self._provider("replica", t.replica, t.run_id),
         )
+
+    def _providers_sdk(self, component: str, instance: str, run_id: str) -> TracerProvider:
+        """The SDK provider itself (the decision recorder has its own direct spans)."""
+        self._provider(component, instance, run_id)
+        return self._providers[(component, instance)]
 
     def _flush(self) -> None:
         for tp in self._providers.values():

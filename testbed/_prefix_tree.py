@@ -34,6 +34,22 @@ class PrefixTree:
             n += 1
         return min(n * req.block_tokens, req.input_tokens)
 
+    def match_all(self, req: Request) -> list[int]:
+        """:meth:`match_tokens` for every replica."""
+        keys = req.block_keys
+        bt = req.block_tokens
+        inp = req.input_tokens
+        out = []
+        for s in self._sets:
+            n = 0
+            for k in keys:
+                if k not in s:
+                    break
+                n += 1
+            t = n * bt
+            out.append(t if t < inp else inp)
+        return out
+
     def insert(self, replica: int, req: Request) -> None:
         s = self._sets[replica]
         bt = req.block_tokens

@@ -45,27 +45,35 @@ def build_views(
     attn = cost.prefill_attn_ms_per_token2
     ceil = math.ceil
     view = CandidateView
+    im1 = inp - 1
+    no_limit = admission_limit is None
+    append = out.append
     for i, s in enumerate(snaps):
         pc = predicted[i]
         if inp > 0:
-            uncached = inp - (pc if pc < inp - 1 else inp - 1)
-            cached = pc if pc < inp - 1 else inp - 1
+            cached = pc if pc < im1 else im1
+            uncached = inp - cached
         else:
             uncached = 0
             cached = min(pc, 0)
         rp = s.remaining_prefill_tokens
-        per_step = overhead + per_seq * s.running
-        backlog = max(0.0, rp + pending_prefill[i])
+        running = s.running
+        waiting = s.waiting
+        per_step = overhead + per_seq * running
+        # max(0.0, x) as a branch: the same value (and float-ness only where it cannot matter)
+        backlog: float = rp + pending_prefill[i]
+        if backlog <= 0:
+            backlog = 0.0
         q = backlog * pmt + ceil(backlog / max_batched_tokens) * per_step
-        p = uncached * (pmt + attn * (cached + uncached / 2)) + max(
-            1, ceil(uncached / max_batched_tokens)
-        ) * per_step
+        steps = ceil(uncached / max_batched_tokens)
+        p = uncached * (pmt + attn * (cached + uncached / 2)) + (steps if steps > 1 else 1) * per_step
         pend = pending[i]
-        out.append(
+        ts = s.ts
+        append(
             view(
-                i, s.replica, admission_limit is None or s.waiting + pend < admission_limit,
-                s.waiting, s.running, s.kv_usage, rp, rp + s.remaining_decode_tokens, s.ts,
-                now - s.ts, pend, pending_tokens[i], pc, q, p,
+                i, s.replica, no_limit or waiting + pend < admission_limit,  # type: ignore[operator]
+                waiting, running, s.kv_usage, rp, rp + s.remaining_decode_tokens, ts,
+                now - ts, pend, pending_tokens[i], pc, q, p,
             )
         )
     return out
@@ -114,7 +122,7 @@ class Router:
     def predicted(self, req: Request) -> list[int]:
         if self.tree is None:
             return [0] * self.n
-        return [self.tree.match_tokens(i, req) for i in range(self.n)]
+        return self.tree.match_all(req)
 
     def pending_sums(self) -> tuple[list[int], list[int], list[int]]:
         if not self.cfg.pending_correction:

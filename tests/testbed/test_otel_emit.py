@@ -39,3 +39,51 @@ def test_otel_emitter_produces_linked_spans_with_simulated_times() -> None:
             assert len(candidates_of(sp)) == 2
     em.close()
     em.close()  # idempotent
+
+
+def _normalised(spans: list) -> list[tuple]:  # type: ignore[type-arg]
+    """Everything a span exports except its random ids; parents by position in the list."""
+    pos = {sp.context.span_id: i for i, sp in enumerate(spans)}
+    out = []
+    for sp in spans:
+        scope = sp.instrumentation_scope
+        out.append((
+            sp.name, sp.kind, dict(sp.attributes or {}),
+            [(e.name, e.timestamp, dict(e.attributes or {})) for e in sp.events],
+            list(sp.links), sp.start_time, sp.end_time, sp.status.status_code,
+            sp.status.description, dict(sp.resource.attributes), scope.name, scope.version,
+            scope.schema_url, None if sp.parent is None else pos.get(sp.parent.span_id),
+            sp.context.trace_flags, sp.dropped_attributes, sp.dropped_events,
+        ))
+    return out
+
+
+@pytest.mark.parametrize("scenario", ["mixed+herding", "overload_bursts"])
+def test_direct_spans_export_what_the_sdk_exports(scenario: str) -> None:
+    # an admission limit and a client timeout, so rejected and cancelled requests are emitted
+    fleet = testbed.FleetConfig(n_replicas=3, client_timeout_s=4.0, router=testbed.RouterConfig(
+        policy="qp_cost", admission_limit=3))
+    exported = []
+    for direct in (True, False):
+        exp = InMemorySpanExporter()
+        em = OTelEmitter(exp, batch=False, direct_spans=direct)
+        sim = testbed.prepare_scenario(scenario, n_requests=120, seed=1, emitter=em, fleet=fleet)
+        sim.run()
+        em.close()
+        assert em.errors == 0
+        spans = list(exp.get_finished_spans())
+        # one trace per request on both paths
+        traces: dict[str, set[int]] = collections.defaultdict(set)
+        by_id = {sp.context.span_id: sp for sp in spans}
+        for sp in spans:
+            root = sp
+            while root.parent is not None:
+                root = by_id[root.parent.span_id]
+            traces[str(root.attributes[sc.REQUEST_ID])].add(sp.context.trace_id)
+        assert len(traces) == len(sim.records) and all(len(t) == 1 for t in traces.values())
+        exported.append(spans)
+    direct_spans, sdk_spans = exported
+    assert len(direct_spans) == len(sdk_spans) > 3 * 100
+    assert _normalised(direct_spans) == _normalised(sdk_spans)
+    statuses = {str(sp.attributes.get(sc.STATUS)) for sp in sdk_spans if sp.name == sc.SPAN_CLIENT}
+    assert {"ok", "cancelled"} <= statuses and (scenario != "overload_bursts" or "rejected" in statuses)
