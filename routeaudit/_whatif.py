@@ -440,20 +440,22 @@ class _Sweep:
 
 
 def _least_squares(xs: Sequence[Sequence[float]], ys: Sequence[float], *,
-                   intercept: bool = True) -> list[float] | None:
-    """Ordinary least squares (normal equations, Gaussian elimination), the intercept first
+                   intercept: bool = True,
+                   weights: Sequence[float] | None = None) -> list[float] | None:
+    """(Weighted) least squares (normal equations, Gaussian elimination), the intercept first
     when asked for; None when the regressors are collinear."""
     if not xs:
         return None
     k = len(xs[0]) + (1 if intercept else 0)
     a = [[0.0] * k for _ in range(k)]
     b = [0.0] * k
-    for x, y in zip(xs, ys, strict=True):
+    for n, (x, y) in enumerate(zip(xs, ys, strict=True)):
         row = [1.0, *x] if intercept else list(x)
+        w = 1.0 if weights is None else weights[n]
         for i in range(k):
-            b[i] += row[i] * y
+            b[i] += w * row[i] * y
             for j in range(k):
-                a[i][j] += row[i] * row[j]
+                a[i][j] += w * row[i] * row[j]
     for col in range(k):
         pivot = max(range(col, k), key=lambda r: abs(a[r][col]))
         if abs(a[pivot][col]) < 1e-12 * max(1.0, abs(a[col][col])):
@@ -523,25 +525,28 @@ def _executions(rows: Sequence[dict[str, Any]]) -> dict[str, list[_Execution]]:
 
 def _robust_fit(xs: Sequence[Sequence[float]], ys: Sequence[float], *,
                 intercept: bool = True) -> list[float] | None:
-    """Least squares, then again without the points whose residual is more than 3 median
-    absolute deviations from the median (twice): a few executions hit costs the model does not
-    have (a preemption's recompute, a prefill duty misread near saturation) and would otherwise
-    pull every term."""
+    """Least absolute deviations (iteratively reweighted least squares): the fit through the
+    median, not the mean, of the points at each load. A few executions pay costs the model
+    does not have (a recompute after a preemption elsewhere, a prefill duty misread near
+    saturation); their residuals are large and one-sided and would pull a least-squares fit."""
     fit = _least_squares(xs, ys, intercept=intercept)
-    for _ in range(2):
+    for _ in range(20):
         if fit is None:
             return None
         coef = fit
-        res = [y - ((coef[0] if intercept else 0.0)
-                    + sum(c * v for c, v in zip(coef[1:] if intercept else coef, x, strict=True)))
+        res = [abs(y - ((coef[0] if intercept else 0.0)
+                        + sum(c * v for c, v in zip(coef[1:] if intercept else coef, x,
+                                                      strict=True))))
                for x, y in zip(xs, ys, strict=True)]
-        mid = statistics.median(res)
-        mad = statistics.median(abs(v - mid) for v in res)
-        keep = [i for i, v in enumerate(res) if abs(v - mid) <= 3.0 * mad] if mad > 0 else []
-        if len(keep) < MIN_FIT_POINTS or len(keep) == len(xs):
+        scale = statistics.median(res) or 1.0
+        weights = [1.0 / max(r, 1e-3 * scale) for r in res]
+        new = _least_squares(xs, ys, intercept=intercept, weights=weights)
+        if new is None:
             return fit
-        xs, ys = [xs[i] for i in keep], [ys[i] for i in keep]
-        fit = _least_squares(xs, ys, intercept=intercept)
+        if max(abs(u - v) for u, v in zip(new, fit, strict=True)) <= 1e-9 * max(
+                1.0, *(abs(v) for v in fit)):
+            return new
+        fit = new
     return fit
 
 

@@ -246,3 +246,17 @@ def test_tokens_per_prefix_hash_are_inferred(shapes: list[tuple[int, int]],
 ])
 def test_poll_interval_is_read_from_the_oldest_telemetry(oldest_s: float, expected: float) -> None:
     assert _poll_interval(oldest_s) == pytest.approx(expected)
+
+
+def test_a_store_without_requests_is_one_line(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import duckdb
+
+    foreign = tmp_path / "foreign.duckdb"
+    con = duckdb.connect(str(foreign))
+    con.execute("create table t (x integer)")
+    con.close()
+    code = cli.main(["whatif", "--db", str(foreign), "--policy", "qp_cost", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USER_ERROR
+    assert err.strip() == "routeaudit whatif: no requests in the store (runs in the store: none)"
