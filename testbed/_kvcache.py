@@ -17,10 +17,10 @@ __all__ = ["Entry", "KVPool"]
 class Entry:
     __slots__ = ("key", "nblocks", "ref")
 
-    def __init__(self, key: int, nblocks: int) -> None:
+    def __init__(self, key: int, nblocks: int, ref: int = 0) -> None:
         self.key = key
         self.nblocks = nblocks
-        self.ref = 0
+        self.ref = ref
 
 
 class KVPool:
@@ -73,23 +73,45 @@ class KVPool:
             else:  # pragma: no cover - entries are only removed when unreferenced
                 self.free += entry.nblocks
 
+    def release_all(self, entries: list[Entry]) -> None:
+        """:meth:`release` each of ``entries`` in order (one call per finished sequence: this
+        runs once per cached segment of every request)."""
+        lru = self.lru
+        live = self.entries
+        freed = 0
+        for e in entries:
+            e.ref -= 1
+            if e.ref == 0:
+                if e.key in live:
+                    lru[e.key] = e
+                    freed += e.nblocks
+                else:  # pragma: no cover - entries are only removed when unreferenced
+                    self.free += e.nblocks
+        self.evictable += freed
+
     # -- blocks ----------------------------------------------------------------------------
     def allocate(self, n: int) -> bool:
         """Take ``n`` free blocks, evicting LRU entries as needed; False (nothing taken, but
         evictions may have happened) when impossible."""
         if n <= 0:
             return True
-        if n > self.free + self.evictable:
+        free = self.free
+        if n > free + self.evictable:
             return False
-        lru = self.lru
-        while self.free < n:
-            key, e = lru.popitem(last=False)
-            del self.entries[key]
-            self.evictable -= e.nblocks
-            self.free += e.nblocks
-            self.evictions += 1
-            self.evicted_blocks += e.nblocks
-        self.free -= n
+        if free < n:
+            lru = self.lru
+            entries = self.entries
+            blocks = count = 0
+            while free < n:
+                key, e = lru.popitem(last=False)
+                del entries[key]
+                free += e.nblocks
+                blocks += e.nblocks
+                count += 1
+            self.evictable -= blocks
+            self.evictions += count
+            self.evicted_blocks += blocks
+        self.free = free - n
         return True
 
     def release_blocks(self, n: int) -> None:
@@ -97,8 +119,7 @@ class KVPool:
 
     def register(self, key: int, nblocks: int) -> Entry:
         """Turn ``nblocks`` blocks a sequence holds privately into a cache entry it references."""
-        e = Entry(key, nblocks)
-        e.ref = 1
+        e = Entry(key, nblocks, 1)
         self.entries[key] = e
         return e
 

@@ -137,11 +137,21 @@ class Replica:
         """Extra blocks ``seq`` must allocate to hold KV for its first ``t`` tokens."""
         req = seq.req
         p = req.input_tokens
-        ref_tokens = min(len(seq.refs) * req.block_tokens, p)
+        bt = req.block_tokens
+        ref_tokens = len(seq.refs) * bt
+        if ref_tokens > p:
+            ref_tokens = p
         if t <= ref_tokens:
             return 0
-        total = self._prompt_blocks(req, min(t, p)) + (-(-(t - p) // self._bs) if t > p else 0)
-        return max(0, total - self._prompt_blocks(req, ref_tokens) - seq.own)
+        # _prompt_blocks inlined twice (this runs for every sequence at every step)
+        bs = self._bs
+        per_seg = -(-bt // bs)
+        tp = t if t < p else p
+        total = (tp // bt) * per_seg + -(-(tp % bt) // bs)
+        if t > p:
+            total += -(-(t - p) // bs)
+        n = total - ((ref_tokens // bt) * per_seg + -(-(ref_tokens % bt) // bs)) - seq.own
+        return n if n > 0 else 0
 
     def blocks_for(self, req: Request) -> int:
         """Blocks a request needs when nothing is cached (prompt plus outputs)."""
@@ -240,8 +250,7 @@ class Replica:
     def _release(self, seq: Seq) -> None:
         """Give back the cache entries and blocks ``seq`` holds."""
         pool = self.pool
-        for e in seq.refs:
-            pool.release(e)
+        pool.release_all(seq.refs)
         seq.refs = []
         pool.release_blocks(seq.own)
         seq.own = 0
@@ -277,11 +286,14 @@ class Replica:
         pool = self.pool
         comp = min(seq.computed, p)
         refs = seq.refs
+        i = len(refs)
+        n_keys = len(keys)
+        if i >= n_keys or comp < (i + 1) * bt and comp < p:
+            return  # no new segment complete (most prefill chunks end inside one)
         bs = self._bs
         per_seg = -(-bt // bs)  # blocks of one full segment, as in _prompt_blocks
-        n_keys = len(keys)
-        while len(refs) < n_keys:
-            i = len(refs)
+        entries = pool.entries
+        while i < n_keys:
             end = (i + 1) * bt
             if end <= p:
                 if comp < end:
@@ -291,14 +303,16 @@ class Replica:
                 if comp < p:
                     break
                 nb = self._prompt_blocks(req, p) - i * per_seg
-            e = pool.entries.get(keys[i])
+            k = keys[i]
+            e = entries.get(k)
             seq.own -= nb
             if e is None:
-                e = pool.register(keys[i], nb)
+                e = pool.register(k, nb)
             else:  # computed twice concurrently: keep the cached copy, free ours
                 pool.acquire(e)
                 pool.release_blocks(nb)
             refs.append(e)
+            i += 1
 
     def _admit(self, seq: Seq) -> int:
         """Look the prompt up in the prefix cache and take references; returns cached tokens."""
@@ -317,8 +331,7 @@ class Replica:
         return cached
 
     def _unadmit(self, seq: Seq) -> None:
-        for e in seq.refs:
-            self.pool.release(e)
+        self.pool.release_all(seq.refs)
         seq.refs = []
         seq.computed = 0
 
