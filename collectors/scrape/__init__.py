@@ -1,11 +1,13 @@
-"""Metrics sampler: replicas' Prometheus ``/metrics`` → ``raw_snapshots`` rows (Arrow tables).
+"""Metrics sampler: engines' and routers' Prometheus ``/metrics`` → ``raw_snapshots`` rows (Arrow
+tables).
 
 ``Scraper(targets, interval_s, sink, clock=time.time_ns, *, timeout_s=None)`` with
 ``start()``/``stop()``; ``parse_metrics(text, target, scraped_ns, scrape_ms=None)`` is the pure
-parser. ``SCHEMA`` is the Arrow schema of ``raw_snapshots``.
+parser. ``SCHEMA`` is the Arrow schema of ``raw_snapshots``. ``ROUTER_METRICS`` names the router
+series read as a router's view of each worker (rows with ``source = 'router'``).
 """
 
-from ._parse import SCHEMA, parse_metrics, replica_of
+from ._parse import ROUTER_METRICS, SCHEMA, parse_metrics, replica_of
 from ._scraper import Scraper
 
-__all__ = ["SCHEMA", "Scraper", "parse_metrics", "replica_of"]
+__all__ = ["ROUTER_METRICS", "SCHEMA", "Scraper", "parse_metrics", "replica_of"]

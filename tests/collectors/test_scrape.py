@@ -81,6 +81,84 @@ def test_router_captures_give_one_row_per_worker(
     pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
+# SMG's re-export of the engine load it polled (names and labels as in its source), with a worker
+# it removed (health -1) and one it has not dispatched to yet
+SMG_ENGINE = """\
+# TYPE smg_engine_running_requests gauge
+smg_engine_running_requests{worker="http://10.0.0.1:8000",model="m",dp_rank="0"} 3
+smg_engine_running_requests{worker="http://10.0.0.1:8000",model="m",dp_rank="1"} 4
+# TYPE smg_engine_waiting_requests gauge
+smg_engine_waiting_requests{worker="http://10.0.0.1:8000",model="m",dp_rank="0"} 2
+smg_engine_waiting_requests{worker="http://10.0.0.1:8000",model="m",dp_rank="1"} 0
+# TYPE smg_engine_token_usage gauge
+smg_engine_token_usage{worker="http://10.0.0.1:8000",model="m",dp_rank="0"} 0.5
+smg_engine_token_usage{worker="http://10.0.0.1:8000",model="m",dp_rank="1"} 0.25
+# TYPE smg_engine_cache_hit_rate gauge
+smg_engine_cache_hit_rate{worker="http://10.0.0.1:8000",model="m",dp_rank="0"} 0.75
+# TYPE smg_worker_requests_active gauge
+smg_worker_requests_active{worker="http://10.0.0.1:8000"} 6
+# TYPE smg_worker_requests_total counter
+smg_worker_requests_total{worker="http://10.0.0.1:8000",model="m"} 40
+smg_worker_requests_total{worker="http://10.0.0.1:8000",model="n"} 2
+smg_worker_requests_total{worker="http://10.0.0.2:8000",model="m"} 0
+# TYPE smg_worker_health gauge
+smg_worker_health{worker="http://10.0.0.1:8000"} 1
+smg_worker_health{worker="http://10.0.0.2:8000"} 0
+smg_worker_health{worker="http://10.0.0.3:8000"} -1
+# TYPE smg_http_connections_active gauge
+smg_http_connections_active 3
+"""
+
+
+def test_smg_engine_reexport_is_the_routers_view_per_worker_and_rank() -> None:
+    rows = parse_metrics(SMG_ENGINE, "http://gw:29000/metrics", 9)
+    got = [(r["replica"], r["dp_rank"], r["running"], r["waiting"], r["kv_usage"],
+            r["cache_hit_rate"], r["router_in_flight"], r["router_dispatched"],
+            r["router_healthy"]) for r in rows]
+    assert got == [
+        ("10.0.0.1:8000", 0, 3.0, 2.0, 0.5, 0.75, 6.0, 42.0, True),
+        ("10.0.0.1:8000", 1, 4.0, 0.0, 0.25, None, 6.0, 42.0, True),
+        ("10.0.0.2:8000", None, None, None, None, None, None, 0.0, False),
+        ("10.0.0.3:8000", None, None, None, None, None, None, None, None),  # removed: -1
+    ]
+    assert all(r["source"] == "router" and r["target"] == "http://gw:29000/metrics" for r in rows)
+    assert rows[0]["model_name"] == "m"
+    pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def test_a_router_naming_no_worker_gives_no_row() -> None:
+    idle = "# TYPE smg_http" + SMG_ENGINE.split("# TYPE smg_http")[1]
+    assert parse_metrics(idle, "gw:29000", 1) == []
+    (row,) = parse_metrics("# TYPE other gauge\nother 1\n", "engine:8000", 1)
+    assert row["replica"] == "engine:8000" and row["source"] == "replica"
+
+
+def test_llm_d_endpoint_picker_rows_per_endpoint_name() -> None:
+    text = (
+        "# TYPE llm_d_epp_per_endpoint_queue_size gauge\n"
+        'llm_d_epp_per_endpoint_queue_size{name="pool",model_server_endpoint="vllm-0"} 4\n'
+        "# TYPE inference_pool_per_pod_queue_size gauge\n"  # the older name, published too
+        'inference_pool_per_pod_queue_size{name="pool",model_server_pod="vllm-0"} 4\n'
+        'inference_pool_per_pod_queue_size{name="pool",model_server_pod="vllm-1"} 1\n'
+        "# TYPE llm_d_epp_inflight_requests gauge\n"
+        'llm_d_epp_inflight_requests{endpoint_name="vllm-0",namespace="ns",'
+        'producer_name="p"} 7\n')
+    rows = parse_metrics(text, "http://epp:9090/metrics", 1)
+    assert [(r["replica"], r["waiting"], r["router_in_flight"], r["source"]) for r in rows] == [
+        ("vllm-0", 4.0, 7.0, "router"), ("vllm-1", 1.0, None, "router")]
+
+
+def test_smg_engine_metrics_are_the_engines_own_rows() -> None:
+    """SMG's ``/engine_metrics`` gathers the engines' own series, labelled ``worker_addr``."""
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m",worker_addr="http://a:1"} 2\n'
+        'vllm:num_requests_running{engine="0",model_name="m",worker_addr="http://b:2"} 5\n')
+    rows = parse_metrics(text, "http://gw:30000/engine_metrics", 1)
+    assert [(r["replica"], r["dp_rank"], r["running"], r["source"]) for r in rows] == [
+        ("a:1", 0, 2.0, "replica"), ("b:2", 0, 5.0, "replica")]
+
+
 def test_sglang_dp_ranks() -> None:
     rows = parse_metrics(SGLANG, "http://h:30000/metrics", 5)
     assert [r["dp_rank"] for r in rows] == [0, 1]

@@ -320,3 +320,30 @@ def _check_router_view(stack: Stack, target: str, ids: list[str]) -> None:
         assert row["all_router"] and row["no_engine"], row
         assert row["healthy"] is True, row
         assert row["in_flight"] in (None, 0.0), row  # nothing left in flight
+    # docs/routers.md's query: each decision with the router's latest view of the chosen worker
+    seen = stack.query(ROUTER_VIEW_SQL + " where d.request_id in (select unnest(?::varchar[]))",
+                       [ids])
+    first = stack.scalar("select min(scraped_at) from snapshots where source = 'router' and ok")
+    later = [r for r in seen if r["decided_at"] > first]
+    assert later, (first, seen)
+    for r in later:
+        # the health gauge is there from registration; the counters from a first dispatch
+        assert r["chosen_replica"] in stack.replica_ids and r["router_healthy"] is True, r
+        assert r["view_age_ms"] >= 0, r
+
+
+ROUTER_VIEW_SQL = """
+select
+    d.request_id,
+    d.decided_at,
+    d.chosen_replica,
+    s.router_in_flight,
+    s.router_dispatched,
+    s.router_healthy,
+    s.waiting,
+    date_diff('millisecond', s.scraped_at, d.decided_at) as view_age_ms
+from decisions as d
+asof left join (select * from snapshots where source = 'router' and ok) as s
+    on d.chosen_replica = s.replica
+    and d.decided_at >= s.scraped_at
+"""
