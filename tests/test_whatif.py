@@ -4,6 +4,7 @@ policy must reproduce the recorded TTFT, and the ranking of two recorded policie
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from routeaudit._whatif import (
     WhatIfResult,
     _block_tokens,
     _poll_interval,
+    format_whatif,
     run_whatif,
 )
 from testbed.emit import OTelEmitter
@@ -260,3 +262,15 @@ def test_a_store_without_requests_is_one_line(tmp_path: Path,
     err = capsys.readouterr().err
     assert code == cli.EXIT_USER_ERROR
     assert err.strip() == "routeaudit whatif: no requests in the store (runs in the store: none)"
+
+
+def test_without_a_replayable_recorded_policy_the_table_has_two_columns(
+        stored: WhatIfResult) -> None:
+    """A third-party router names no policy the testbed knows: recorded and what-if only."""
+    result = dataclasses.replace(stored, replay=None, notes=("no replay under smg",))
+    lines = format_whatif(result).splitlines()
+    header = next(line for line in lines if line.strip().startswith("recorded"))
+    assert header.split() == ["recorded", "what-if"]
+    ttft = next(line for line in lines if line.startswith("TTFT p50 ms"))
+    assert "%" not in ttft  # nothing to compare the what-if with
+    assert "note: no replay under smg" in lines
