@@ -8,7 +8,8 @@ the store's own executions (docs/whatif.md, "Calibration"). Both simulated runs 
 same OpenTelemetry → OTLP/HTTP → collector path as ``routeaudit demo`` into a second store, so
 ``routeaudit compare`` and the dashboard's Policies page read them like any run.
 
-Only this module joins ``audit`` and ``testbed``: the audit never imports the testbed.
+It reads the store through ``audit`` and simulates with ``testbed``; the audit never imports the
+testbed.
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ _NEEDED = {
                  "input_tokens", "output_tokens", "max_tokens", "status", "ttft_ms", "tpot_ms",
                  "e2e_ms"),
     "executions": ("request_key", "replica", "start_at", "queue_ms", "prefill_ms", "decode_ms",
-                   "e2e_ms", "input_tokens", "output_tokens", "cached_tokens"),
+                   "e2e_ms", "input_tokens", "output_tokens", "cached_tokens", "preemptions"),
 }
 
 
