@@ -44,6 +44,7 @@ __all__ = [
     "fleet_config",
     "format_whatif",
     "load_recorded",
+    "outside_engine_ms",
     "run_whatif",
     "to_requests",
 ]
@@ -81,6 +82,7 @@ class RecordedRequest:
     ttft_ms: float | None
     tpot_ms: float | None
     e2e_ms: float | None
+    engine_ttft_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ selected as (
         max_tokens,
         coalesce(status, 'ok') as status,
         coalesce(ttft_ms, e2e_ms) as ttft_ms,
+        replica_ttft_ms,
         tpot_ms,
         e2e_ms
     from requests
@@ -233,7 +236,7 @@ where kv_usage >= ?
 _NEEDED = {
     "requests": ("request_key", "request_id", "run_id", "policy", "client_start", "first_seen_at",
                  "input_tokens", "output_tokens", "max_tokens", "status", "ttft_ms", "tpot_ms",
-                 "e2e_ms"),
+                 "e2e_ms", "replica_ttft_ms"),
     "executions": ("request_key", "replica", "start_at", "queue_ms", "prefill_ms", "decode_ms",
                    "e2e_ms", "input_tokens", "output_tokens", "cached_tokens", "preemptions"),
 }
@@ -338,7 +341,7 @@ def load_recorded(reader: Reader, *, run: str | None = None, since: str | None =
             input_tokens=max(1, int(row["input_tokens"])), output_tokens=row["output_tokens"],
             max_tokens=row["max_tokens"], prefix_hashes=tuple(row["prefix_hashes"] or ()),
             status=str(row["status"]), ttft_ms=row["ttft_ms"], tpot_ms=row["tpot_ms"],
-            e2e_ms=row["e2e_ms"]))
+            e2e_ms=row["e2e_ms"], engine_ttft_ms=row["replica_ttft_ms"]))
     # Arrivals at one instant keep the order their ids give (a trace's line order), not the
     # random order of their span ids: round-robin-like policies depend on it.
     reqs.sort(key=lambda r: (r.arrival_ns, _natural(r.request_id)))
@@ -874,6 +877,23 @@ def _figures(label: str, run_id: str | None, policy: str | None, replicas: int,
     )
 
 
+OUTSIDE_NOTE_SHARE = 0.05
+"""A note names the recorded TTFT spent outside the engines when its median is at least this
+share of the recorded TTFT p50."""
+
+
+def outside_engine_ms(recorded: Recorded) -> tuple[float, float] | None:
+    """Median and p90 of the recorded TTFT spent outside the engines (client, network, router:
+    TTFT minus the engine's own), over ok requests that have both; None without any."""
+    gaps = [max(0.0, r.ttft_ms - r.engine_ttft_ms) for r in recorded.requests
+            if r.status == "ok" and r.ttft_ms is not None and r.engine_ttft_ms is not None]
+    if not gaps:
+        return None
+    p50, p90 = _quantile(gaps, 0.5), _quantile(gaps, 0.9)
+    assert p50 is not None and p90 is not None
+    return p50, p90
+
+
 def figures_of_recorded(recorded: Recorded, slo: SLO) -> Figures:
     """The window's figures as the store recorded them."""
     outcomes = [_Outcome(r.status, r.arrival_ns / 1e6, r.ttft_ms, r.tpot_ms, r.e2e_ms,
@@ -1036,7 +1056,16 @@ def run_whatif(db: Path, *, policy: str, run: str | None = None, since: str | No
                                                           timeout=60)))
             say(f"committing the simulated runs' spans to {out} and building its relations")
     say(f"done in {time.perf_counter() - started:.1f} s")
-    return WhatIfResult(recorded=figures_of_recorded(recorded, slo), replay=figures.get("replay"),
+    rec_figures = figures_of_recorded(recorded, slo)
+    outside = outside_engine_ms(recorded)
+    if (outside is not None and rec_figures.ttft_p50_ms
+            and outside[0] >= OUTSIDE_NOTE_SHARE * rec_figures.ttft_p50_ms):
+        # the simulator has engines and routers, no client stack or network: such time is
+        # missing from the simulated TTFT, whatever the policy
+        notes.append(f"the recorded TTFT includes {outside[0]:,.0f} ms (p50; p90 {outside[1]:,.0f} "
+                     "ms) outside the engines (client, network, router), which the replay does "
+                     "not model")
+    return WhatIfResult(recorded=rec_figures, replay=figures.get("replay"),
                         whatif=figures["what-if"], calibration=calibration,
                         recorded_window=recorded, out=out, notes=tuple(notes))
 

@@ -19,12 +19,14 @@ from audit.attribution import compare_runs
 from collectors.otlp import Collector, default_config
 from routeaudit import cli
 from routeaudit._whatif import (
+    Recorded,
     RecordedRequest,
     WhatIfError,
     WhatIfResult,
     _block_tokens,
     _poll_interval,
     format_whatif,
+    outside_engine_ms,
     run_whatif,
 )
 from testbed.emit import OTelEmitter
@@ -274,3 +276,20 @@ def test_without_a_replayable_recorded_policy_the_table_has_two_columns(
     ttft = next(line for line in lines if line.startswith("TTFT p50 ms"))
     assert "%" not in ttft  # nothing to compare the what-if with
     assert "note: no replay under smg" in lines
+
+
+def test_time_outside_the_engines_is_measured_per_request() -> None:
+    def req(ttft: float | None, engine: float | None, status: str = "ok") -> RecordedRequest:
+        return dataclasses.replace(_request(100, 0), ttft_ms=ttft, engine_ttft_ms=engine,
+                                   status=status)
+
+    window = Recorded(
+        description="", run_ids=("r",), requests=(
+            req(900.0, 100.0), req(300.0, 100.0), req(150.0, 100.0), req(100.0, 100.0),
+            req(5000.0, 10.0, status="timeout"), req(None, 50.0), req(80.0, None)),
+        dropped=0, policy=None, replicas=(), n_routers=1, telemetry_interval_s=None,
+        pending_correction=None, admission_limit=None, client_timeout_s=None, block_tokens=None)
+    p50, p90 = outside_engine_ms(window) or (None, None)
+    assert p50 == pytest.approx(125.0)  # of 800, 200, 50, 0: ok requests with both sides
+    assert p90 == pytest.approx(620.0)
+    assert outside_engine_ms(dataclasses.replace(window, requests=window.requests[-2:])) is None
