@@ -101,6 +101,12 @@ def closed_until(con: duckdb.DuckDBPyConnection) -> int | None:
     return int(rows[0][0]) if rows else None
 
 
+def closed_until_ns(con: duckdb.DuckDBPyConnection) -> int | None:
+    """Where the closed partitions end, in event time (None: none is closed)."""
+    until = closed_until(con)
+    return None if until is None else until * _incremental.Partitioning.read(con).partition_ns
+
+
 def allow(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str]) -> None:
     """Let ``con`` read (and the writer write) the store's Parquet folder once external access
     is switched off: call before ``set enable_external_access = false``."""
@@ -146,27 +152,35 @@ def _closed_select(root: Path, table: str, cols: list[tuple[str, str]], where: s
 def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str]) -> int:
     """On ``con``, a temporary view of each stored table that has closed partitions, under the
     table's own name: its DuckDB rows and its Parquet rows as one. Views that read the table
-    by name (the parametrised relations) then read both. Returns how many views it made."""
+    by name (the parametrised relations) then read both. Returns how many views it made.
+
+    Every query through the collector runs on a cursor of its own, so this runs per query: the
+    columns of every table come from one catalog query and the views from one statement."""
     until = closed_until(con)
     if until is None:
         return 0
     root = folder(store_path)
+    tables = [t for t in _table_dirs(root) if _has_files(root / t, until)]
+    if not tables:
+        return 0
     db = con.execute("select current_database()").fetchall()[0][0]
-    made = 0
-    for table in _table_dirs(root):
-        if not _has_files(root / table, until):
-            continue
+    cols: dict[str, list[tuple[str, str]]] = {}
+    for table, name, typ in con.execute(
+            "select table_name, column_name, data_type from duckdb_columns() "
+            "where database_name = ? and schema_name = 'main' and table_name in "
+            "(select unnest(?::varchar[])) order by table_name, column_index",
+            [db, tables]).fetchall():
+        cols.setdefault(str(table), []).append((str(name), str(typ)))
+    statements = []
+    for table, columns in cols.items():
         qualified = f'"{db}".main."{table}"'
-        try:
-            cols = _columns(con, qualified)
-        except duckdb.Error:
-            continue  # a table this version no longer stores
-        names = ", ".join(f'"{name}"' for name, _ in cols)
-        con.execute(f'create or replace temp view "{table}" as '
-                    f"select {names} from {qualified} union all "
-                    f"{_closed_select(root, table, cols, f'part < {until}')}")
-        made += 1
-    return made
+        names = ", ".join(f'"{name}"' for name, _ in columns)
+        statements.append(
+            f'create or replace temp view "{table}" as select {names} from {qualified} '
+            f"union all {_closed_select(root, table, columns, f'part < {until}')}")
+    if statements:
+        con.execute(";\n".join(statements))
+    return len(statements)
 
 
 @dataclass

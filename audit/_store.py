@@ -105,6 +105,9 @@ class Store:
         self.background_refresh = background_refresh
         self.last_refresh_error: str | None = None
         """Why the last refresh failed (one line); None once one succeeds."""
+        self.closed_until_ns: int | None = None
+        """Rows before this (event time, Unix ns) are in closed partitions, in Parquet beside
+        the file (after the last refresh; None: none is)."""
         self.last_close_error: str | None = None
         """Why the last move of partitions to Parquet failed (one line); None once one works."""
         self._refresh_failures = 0
@@ -124,6 +127,9 @@ class Store:
         """Verdicts of requests anchored before this are final (after the last refresh)."""
         self.newest_request_ns: int | None = None
         """The newest request's anchor in the relations (after the last refresh)."""
+        self._pool: list[tuple[int, duckdb.DuckDBPyConnection]] = []
+        self._pool_lock = threading.Lock()
+        self._closed_generation = 0
         self._active: set[QueryCancel] = set()
         self._active_cond = threading.Condition()
         self._dirty = False
@@ -176,6 +182,7 @@ class Store:
             self._con.execute("checkpoint")
         try:
             self.final_until_ns, self.newest_request_ns = _incremental.horizon(self._con)
+            self.closed_until_ns = _closed.closed_until_ns(self._con)
         except duckdb.Error:  # relations of an older version, rebuilt at the next refresh
             pass
         # From here on no query on this database may read or write files other than the store
@@ -217,11 +224,14 @@ class Store:
                         cur, before_commit=_record_refresh,
                         store_path=self.path if self._closes else None, reopened=back)
                     self._count_moved(back.spans)
+                    if back.partitions:
+                        self._partitions_moved()
                     self.last_refresh_kind = "none" if spans is None else "slice"
                 else:
                     if self._closes:
                         # a full rebuild reads every partition: the closed ones come back first
                         self._count_moved(_closed.reopen_all(cur, self.path).spans)
+                    self._partitions_moved()  # every table rebuilt: columns may have changed
                     spans = _relations.refresh(cur, before_commit=_record_refresh)
                     self.last_refresh_kind = "full"
                     self._full_rebuild_due = False
@@ -230,7 +240,11 @@ class Store:
                 self.final_until_ns, self.newest_request_ns = _incremental.horizon(cur)
                 if closes:
                     try:
-                        self._count_moved(-_closed.close(cur, self.path, self.final_until_ns).spans)
+                        moved = _closed.close(cur, self.path, self.final_until_ns)
+                        self._count_moved(-moved.spans)
+                        if moved.partitions:
+                            self._partitions_moved()
+                        self.closed_until_ns = _closed.closed_until_ns(cur)
                         self.last_close_error = None
                     except (duckdb.Error, OSError) as exc:
                         # the refresh stands; the partitions stay open and close next time
@@ -284,11 +298,13 @@ class Store:
                     verdicts_keep_ns=None if verdicts_s is None else int(verdicts_s * 1e9))
                 if self._closes:
                     w = _incremental.Partitioning.read(cur).partition_ns
-                    _closed.drop_before(
+                    dropped = _closed.drop_before(
                         self.path,
                         raw_before_part=None if done.raw_from_ns is None else done.raw_from_ns // w,
                         derived_before_part=None if done.verdicts_from_ns is None
                         else done.verdicts_from_ns // w)
+                    if dropped:
+                        self._partitions_moved()
             finally:
                 cur.close()
             if done.spans_deleted:
@@ -424,20 +440,65 @@ class Store:
                 raise StoreError("the store is closed")
             self._active.add(cancel)
         try:
-            cur = self._con.cursor()
+            cur, generation = self._reader()
+            done = False
             try:
                 if self._dirty and _reads_relations(cur, sql):
                     self.refresh_if_due(for_query=True)
-                if self._closes:
-                    _closed.install_views(cur, self.path)
-                return run_read_only(cur, sql, params, variables, limits=limits or self.query_limits,
-                                     cancel=cancel, rollback=True, checked=True)
+                    if generation != self._closed_generation:
+                        cur.close()
+                        cur, generation = self._reader()
+                out = run_read_only(cur, sql, params, variables, limits=limits or self.query_limits,
+                                    cancel=cancel, rollback=True, checked=True)
+                done = True
+                return out
             finally:
-                cur.close()
+                self._give_back(cur, generation, reuse=done)
         finally:
             with self._active_cond:
                 self._active.discard(cancel)
                 self._active_cond.notify_all()
+
+    def _reader(self) -> tuple[duckdb.DuckDBPyConnection, int]:
+        """A cursor for one read query, with the views over the closed partitions: one left by
+        an earlier query if the closed partitions have not changed since (making the views
+        takes a few milliseconds per table), else a new one."""
+        with self._pool_lock:
+            while self._pool:
+                generation, cur = self._pool.pop()
+                if generation == self._closed_generation:
+                    return cur, generation
+                cur.close()
+            generation = self._closed_generation
+        cur = self._con.cursor()
+        if self._closes:
+            _closed.install_views(cur, self.path)
+        return cur, generation
+
+    def _give_back(self, cur: duckdb.DuckDBPyConnection, generation: int, *, reuse: bool) -> None:
+        """Keep a cursor whose query ended well for the next query, without the session
+        variables it set (the SLO a later query does not choose must not carry over)."""
+        if reuse and generation == self._closed_generation:
+            try:
+                for (name,) in cur.execute("select name from duckdb_variables()").fetchall():
+                    cur.execute(f'reset variable "{name}"')
+            except duckdb.Error:
+                reuse = False
+            else:
+                with self._pool_lock:
+                    if len(self._pool) < READER_POOL and not self._closed:
+                        self._pool.append((generation, cur))
+                        return
+        cur.close()
+
+    def _partitions_moved(self) -> None:
+        """Closed partitions changed (closed, re-opened, deleted): the views of the pooled
+        cursors no longer match them."""
+        with self._pool_lock:
+            self._closed_generation += 1
+            pool, self._pool = self._pool, []
+        for _, cur in pool:
+            cur.close()
 
     def stop_work(self) -> None:
         """Stop what would hold a prompt shutdown: interrupt a running rebuild of the relations
@@ -547,6 +608,9 @@ def _add_missing_raw_columns(con: duckdb.DuckDBPyConnection) -> None:
             con.execute("rollback")
             raise
 
+
+READER_POOL: Final = 4
+"""Cursors kept between read queries (with their views over the closed partitions)."""
 
 INCREMENTAL_MIN_SPANS: Final = 100_000
 """Stores with at least this many spans refresh by slices of event time (audit/_incremental.py)

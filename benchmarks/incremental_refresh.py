@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from analysis_scaling import generate  # noqa: E402
 
-from audit import _incremental, _relations  # noqa: E402
+from audit import _closed, _incremental, _relations  # noqa: E402
 from audit._store import Store, _add_missing_raw_columns, _record_refresh, _tune  # noqa: E402
 
 _ID_COLUMNS = ("a_request_id", "a_gen_ai_request_id", "a_router_request_id", "a_rid")
@@ -145,6 +145,19 @@ def file_bytes(path: Path) -> int:
     return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
 
 
+def closed_tables(path: Path) -> dict[str, int]:
+    """Bytes of Parquet per table in the store's folder of closed partitions."""
+    root = _closed.folder(path)
+    if not root.exists():
+        return {}
+    return {d.name: sum(f.stat().st_size for f in d.rglob("*.parquet"))
+            for d in root.iterdir() if d.is_dir()}
+
+
+def closed_bytes(path: Path) -> int:
+    return sum(closed_tables(path).values())
+
+
 def backfill(path: Path) -> tuple[float, list[tuple[str, float]]]:
     """A full rebuild (``_relations.refresh`` as ``Store.refresh`` runs it), relation by relation."""
     con = duckdb.connect(os.fspath(path))
@@ -222,7 +235,7 @@ class Breakdown:
     total_s: float = 0.0
 
 
-def timed_slice_refresh(con: duckdb.DuckDBPyConnection) -> Breakdown:
+def timed_slice_refresh(con: duckdb.DuckDBPyConnection, store_path: Path) -> Breakdown:
     """``audit._incremental.refresh`` timed through its hooks: each relation built over the
     region, each stored table rewritten; the rest (plan, key sets, commit) by difference. In the
     transaction, before its record is written, it counts how much of the region the slice owns
@@ -250,7 +263,8 @@ def timed_slice_refresh(con: duckdb.DuckDBPyConnection) -> Breakdown:
         marks["committing"] = time.perf_counter()
 
     started = time.perf_counter()
-    _incremental.refresh(con, before_commit=before_commit, on_plan=on_plan, on_built=on_built)
+    _incremental.refresh(con, before_commit=before_commit, on_plan=on_plan, on_built=on_built,
+                         store_path=store_path)
     ended = time.perf_counter()
     if bd.plan is None:
         return bd
@@ -334,6 +348,7 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
     res: dict[str, Any] = {"n": n}
     for p in (work, Path(f"{work}.wal")):
         p.unlink(missing_ok=True)
+    shutil.rmtree(_closed.folder(work), ignore_errors=True)
     shutil.copyfile(raw, work)
     res["raw_bytes"] = file_bytes(work)
     print(f"\n[{n:,} requests] raw store {res['raw_bytes'] / 2**20:,.0f} MiB "
@@ -353,6 +368,14 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
     store = Store(work, incremental=True)
     try:
         parts = _incremental.Partitioning.read(store._con)
+        # once after a backfill: every partition the final horizon has passed leaves DuckDB
+        t = time.perf_counter()
+        store.refresh()
+        res["close_s"] = time.perf_counter() - t
+        failed = f"; failed: {store.last_close_error}" if store.last_close_error else ""
+        print(f"  closing the partitions the horizon has passed (once, after a backfill): "
+              f"{res['close_s']:.1f} s, up to partition {_closed.closed_until(store._con)}; "
+              f"{closed_bytes(work) / GIB:.2f} GiB of Parquet{failed}", flush=True)
         one = max(1, n // 100)
         at = n
         res["steps"] = []
@@ -369,7 +392,7 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
         store.append(spans=spans, events=events)
         cur = store._con.cursor()
         try:
-            bd = timed_slice_refresh(cur)
+            bd = timed_slice_refresh(cur, store.path)
             res["empty_region_s"] = empty_region_s(cur)
         finally:
             cur.close()
@@ -403,7 +426,16 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
     finally:
         store.close()
     res["end_bytes"] = file_bytes(work)
-    print(f"  file after the incremental refreshes and a checkpoint: {res['end_bytes'] / GIB:.2f} GiB")
+    res["end_closed_bytes"] = closed_bytes(work)
+    res["end_storage"] = storage(work)
+    total = res["end_storage"].used_bytes + res["end_closed_bytes"]
+    res["end_per_m"] = total / (at / 1e6)
+    print(f"  after the incremental refreshes and a checkpoint: DuckDB file {res['end_bytes'] / GIB:.2f} GiB "
+          f"({res['end_storage'].used_bytes / GIB:.2f} in use, the open partitions), Parquet of the closed "
+          f"partitions {res['end_closed_bytes'] / GIB:.2f} GiB; per million requests "
+          f"{total / (at / 1e6) / GIB:.2f} GiB in use")
+    for table, b in sorted(closed_tables(work).items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {table:<40} {b / (at / 1e6) / GIB:6.3f} GiB per million (Parquet)")
     return res
 
 
@@ -441,7 +473,8 @@ def main() -> None:
         results.append(measure(raw, folder / f"work_{n}.duckdb", n, traffic, args.steps,
                                big_step=(n == min(sizes)), top=args.top))
     print("\nsummary (refresh s after appending; median of the 1 % steps)")
-    print("  requests | backfill s | 1 % new: refresh s | s per 1k new | 10 % new: refresh s | GiB per 1M")
+    print("  requests | backfill s | 1 % new: refresh s | s per 1k new | 10 % new: refresh s | GiB per 1M "
+          "(all in DuckDB; with closed partitions in Parquet)")
     med: dict[int, float] = {}
     for r in results:
         ts = sorted(s.refresh_s for s in r["steps"])
@@ -449,7 +482,8 @@ def main() -> None:
         big = r.get("big")
         print(f"  {r['n']:>9,} | {r['backfill_s']:9.1f} | {med[r['n']]:8.2f} ({', '.join(f'{t:.2f}' for t in ts)}) | "
               f"{med[r['n']] / (r['n'] / 100) * 1000:7.3f} | "
-              f"{'' if big is None else f'{big.refresh_s:8.2f}'} | {r['total_bytes'] / r['n'] * 1e6 / GIB:.2f}")
+              f"{'' if big is None else f'{big.refresh_s:8.2f}'} | {r['total_bytes'] / r['n'] * 1e6 / GIB:.2f}; "
+              f"{r['end_per_m'] / GIB:.2f}")
     small = results[0]
     if small.get("big") is not None:
         print(f"  at {small['n']:,}: 10 % / 1 % refresh = {small['big'].refresh_s / med[small['n']]:.2f} "

@@ -386,6 +386,9 @@ class Collector:
             # where retention last cut raw and derived rows (Unix ns; null: nothing cut yet)
             "raw_kept_from_ns": self._retained.raw_from_ns if self._retained else None,
             "verdicts_kept_from_ns": self._retained.verdicts_from_ns if self._retained else None,
+            # rows anchored before this are in closed partitions, Parquet beside the store
+            "closed_until_ns": self._store.closed_until_ns if self._store is not None else None,
+            "close_error": self._store.last_close_error if self._store is not None else None,
             "counters": self.metrics.snapshot(),
         }
 

@@ -217,3 +217,11 @@ def test_retention_deletes_closed_partitions(built: dict[str, Any], tmp_path: Pa
 def _incremental_partition_ns(store: Store) -> int:
     from audit._incremental import Partitioning
     return Partitioning.read(store._con).partition_ns
+
+
+def test_a_cursor_reused_for_the_next_query_forgets_its_slo(built: dict[str, Any]) -> None:
+    inc = built["inc"]
+    sql = "select getvariable('routeaudit_ttft_slo_ms') as v"
+    assert inc.query_arrow(sql, variables={"routeaudit_ttft_slo_ms": 5.0}).column("v")[0].as_py() == 5.0
+    for _ in range(3):
+        assert inc.query_arrow(sql).column("v")[0].as_py() is None

@@ -4,6 +4,7 @@ keeps refreshing by slices; nothing else is touched."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -40,31 +41,34 @@ def test_retention_drops_old_partitions_and_slices_go_on(tmp_path: Path) -> None
     try:
         store.append(spans=raw["raw_spans"], events=raw["raw_span_events"])
         store.refresh()
-        con = store._con
-        newest, oldest = con.execute("select max(start_ns), min(start_ns) from raw_spans").fetchall()[0]
+        def con_rows(sql: str) -> list[tuple[Any, ...]]:
+            # through the store: closed partitions are read with the DuckDB rows
+            return [tuple(r.values()) for r in store.query_arrow(sql).to_pylist()]
+
+        newest, oldest = con_rows("select max(start_ns), min(start_ns) from raw_spans")[0]
         span_s = (newest - oldest) / S
         assert span_s > 400, "the tiled sample spans several partitions"
-        before = {r[0]: r[1:] for r in con.execute(
-            "select request_key, status, chosen_replica, anchor_ns from requests").fetchall()}
-        attributed = con.execute("select count(*) from attributions").fetchall()[0][0]
+        before = {r[0]: r[1:] for r in con_rows(
+            "select request_key, status, chosen_replica, anchor_ns from requests")}
+        attributed = con_rows("select count(*) from attributions")[0][0]
 
         done = store.retain(raw_s=240, verdicts_s=420)
         assert done.raw_from_ns == (newest - 240 * S) // (60 * S) * (60 * S)
         assert done.verdicts_from_ns == (newest - 420 * S) // (60 * S) * (60 * S)
         assert done.spans_deleted > 0 and done.requests_deleted > 0
-        assert con.execute("select min(start_ns) from raw_spans").fetchall()[0][0] >= done.raw_from_ns
-        assert con.execute("select count(*) from raw_span_events e anti join raw_spans s "
-                           "using (trace_id, span_id)").fetchall()[0][0] == 0
-        kept = {r[0]: r[1:] for r in con.execute(
-            "select request_key, status, chosen_replica, anchor_ns from requests").fetchall()}
+        assert con_rows("select min(start_ns) from raw_spans")[0][0] >= done.raw_from_ns
+        assert con_rows("select count(*) from raw_span_events e anti join raw_spans s "
+                           "using (trace_id, span_id)")[0][0] == 0
+        kept = {r[0]: r[1:] for r in con_rows(
+            "select request_key, status, chosen_replica, anchor_ns from requests")}
         # derived rows: exactly the requests anchored at or after the verdict cut, unchanged
         assert kept == {k: v for k, v in before.items() if v[2] >= done.verdicts_from_ns}
         assert 0 < len(kept) < len(before)
         for rel in ("decisions", "executions", "candidates", "attributions"):
-            orphans = con.execute(f"select count(*) from {rel} where request_key not in "
-                                  "(select request_key from requests)").fetchall()[0][0]
+            orphans = con_rows(f"select count(*) from {rel} where request_key not in "
+                                  "(select request_key from requests)")[0][0]
             assert orphans == 0, rel
-        assert 0 < con.execute("select count(*) from attributions").fetchall()[0][0] < attributed
+        assert 0 < con_rows("select count(*) from attributions")[0][0] < attributed
         # rows between the two cuts outlive their raw rows
         assert any(v[2] < done.raw_from_ns for v in kept.values())
         assert store.relations_lag_spans == 0
@@ -74,8 +78,8 @@ def test_retention_drops_old_partitions_and_slices_go_on(tmp_path: Path) -> None
         store.append(spans=later)
         store.refresh()
         assert store.last_refresh_kind == "slice"
-        after = {r[0]: r[1:] for r in con.execute(
-            "select request_key, status, chosen_replica, anchor_ns from requests").fetchall()}
+        after = {r[0]: r[1:] for r in con_rows(
+            "select request_key, status, chosen_replica, anchor_ns from requests")}
         assert {k: v for k, v in after.items() if k in kept} == kept
         assert len(after) > len(kept)
     finally:
