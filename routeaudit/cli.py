@@ -317,8 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(docs/whatif.md).")
     p.add_argument("--db", required=True, help="the store holding the recorded traffic")
     p.add_argument("--policy", required=True,
-                   help="policy to replay under: round_robin, random, power_of_two, least_load, "
-                        "cache_aware, qp_cost")
+                   help="testbed policy to replay under, e.g. cache_aware, qp_cost, round_robin "
+                        "(an unknown name lists them)")
     p.add_argument("--run", default=None, help="the recorded run (required when the window holds several)")
     p.add_argument("--since", default=None, metavar="TIME",
                    help="window start, ISO time (e.g. 2026-01-01T00:00:00Z; naive = UTC)")
