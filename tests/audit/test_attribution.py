@@ -66,7 +66,7 @@ MART_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("replica", "varchar"), ("dp_rank", "bigint"), ("scraped_at", "timestamptz"),
         ("ok", "boolean"), ("error", "varchar"), ("running", "double"),
         ("waiting", "double"), ("kv_usage", "double"), ("prefix_cache_hit_rate", "double"),
-        ("cache_hit_rate", "double"),
+        ("cache_hit_rate", "double"), ("source", "varchar"),
     ],
 }
 
@@ -158,7 +158,7 @@ class Fleet:
                  kv: float = 0.3) -> None:
         self.rows["snapshots"].append({
             "replica": replica, "scraped_at": at(at_ms), "ok": True, "waiting": waiting,
-            "running": running, "kv_usage": kv,
+            "running": running, "kv_usage": kv, "source": "replica",
         })
 
     def served(self, request_id: str, replica: str, *, arrive: float, queue: float,
@@ -287,10 +287,12 @@ def test_fast_requests_get_no_attribution() -> None:
 
 
 def test_stale_telemetry_when_router_saw_an_empty_queue() -> None:
+    """A least_load router saw A empty; on the true state (12 queued prompts) it would have
+    picked the idle B."""
     f = Fleet()
     f.backlog("A", 12)
     f.served("b0", "B", arrive=-20_000.0, queue=0.0, input_tokens=800)
-    f.decision("S", at_ms=100.0, chosen="A", candidates=[
+    f.decision("S", at_ms=100.0, chosen="A", policy="least_load", reason="least_load", candidates=[
         {"replica": "A", "predicted_cached_tokens": 500, **seen(0, 0, age=5000.0)},
         {"replica": "B", "predicted_cached_tokens": 0, **seen(0, 0, age=5000.0)},
     ])

@@ -165,7 +165,20 @@ kv_pressure as (
 
 estimated as (
     select
-        s.*,
+        s.* exclude (cached_assumed_tokens, cache_source),
+        -- a replica whose KV pool was under pressure when the router sampled it may have
+        -- evicted blocks it served: its history then vouches only for what the router also
+        -- predicted
+        case
+            when s.cache_source = 'prefix_history' and s.seen_kv_usage >= t.kv_pressure
+                then least(s.cached_assumed_tokens, coalesce(s.predicted_cached_tokens, 0))
+            else s.cached_assumed_tokens
+        end as cached_assumed_tokens,
+        case
+            when s.cache_source = 'prefix_history' and s.seen_kv_usage >= t.kv_pressure
+                then 'prefix_history_under_pressure'
+            else s.cache_source
+        end as cache_source,
         j.input_tokens,
         coalesce(
             s.episode_decisions >= t.herding_min_decisions

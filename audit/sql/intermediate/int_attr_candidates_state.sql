@@ -64,37 +64,8 @@ observed_replicas as (
     select distinct replica from all_snapshots
 ),
 
-candidates_with_state as (
-    select
-        c.*,
-        o.replica is not null as replica_observed,
-        coalesce(s.true_waiting, 0) as true_waiting,
-        coalesce(s.true_running, 0) as true_running,
-        coalesce(s.true_remaining_tokens, 0.0) as true_remaining_tokens,
-        coalesce(s.true_queued_prefill_tokens, 0) as true_queued_prefill_tokens,
-        coalesce(s.drain_ms, 0.0) as drain_ms,
-        -- cache the request would have found there: the replica's report where it ran,
-        -- else the router's prediction (0 when the router predicted nothing)
-        case
-            when c.replica = d.exec_replica and d.exec_cached_tokens is not null
-                then d.exec_cached_tokens
-            else least(
-                coalesce(c.predicted_cached_tokens, 0),
-                coalesce(r.input_tokens, c.predicted_cached_tokens, 0)
-            )
-        end as cached_assumed_tokens,
-        -- FCFS: it would start prefill once the work present at t had its first token
-        greatest(coalesce(s.drain_ms, 0.0) - d.forward_delay_ms, 0.0) as wait_est_ms
-    from candidates_resolved as c
-    inner join decisions_resolved as d
-        on c.decision_key = d.decision_key
-    left join true_state_aggregated as s
-        on c.decision_key = s.decision_key
-        and c.replica = s.replica
-    left join observed_replicas as o
-        on c.replica = o.replica
-    left join all_requests as r
-        on c.request_key = r.request_key
+executed_replicas as (
+    select distinct replica from timed
 ),
 
 chosen_telemetry as (
@@ -249,6 +220,139 @@ prefix_served as (
     from decision_blocks_served
     where served_at >= needed_at - interval 300 second
     group by all
+),
+
+candidate_blocks as (
+    -- every other candidate of a final decision whose span carries prefix hashes, one row per
+    -- block with its position: what that replica could have held of this prompt. Only final
+    -- decisions (the attempts judged) and not the replica that ran it (its report is a fact)
+    select
+        c.decision_key,
+        c.replica,
+        d.decided_at,
+        len(p.prefix_hashes) as n_blocks,
+        unnest(p.prefix_hashes) as block_hash,
+        unnest(range(1, len(p.prefix_hashes) + 1)) as block_pos
+    from candidates_resolved as c
+    inner join decisions_resolved as d
+        on c.decision_key = d.decision_key
+    inner join decision_prefixes as p
+        on d.request_key = p.request_key
+        and d.decision_span_id = p.decision_span_id
+    where
+        d.is_final
+        and c.replica is distinct from d.exec_replica
+),
+
+candidate_served_blocks as (
+    -- only the (replica, block) pairs a candidate looks up
+    select s.*
+    from served_blocks as s
+    semi join (select distinct replica, block_hash from candidate_blocks) as b
+        on s.replica = b.replica
+        and s.block_hash = b.block_hash
+),
+
+candidate_blocks_served as (
+    -- the last time the candidate replica served each block at or before the decision: the
+    -- same folded-key ASOF join as decision_blocks_served
+    select
+        b.*,
+        case
+            when s.replica = b.replica and s.block_hash = b.block_hash
+                then s.served_at
+        end as served_at
+    from (
+        select
+            *,
+            (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
+            + epoch_us(decided_at) as needed_key
+        from candidate_blocks
+    ) as b
+    asof left join (
+        select
+            *,
+            (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
+            + epoch_us(served_at) as served_key
+        from candidate_served_blocks
+    ) as s
+        on b.needed_key >= s.served_key
+),
+
+candidate_prefix_held as (
+    -- the longest prefix the replica had served within 300 s before the decision. Hashes are
+    -- chained: a block served at position k means the k blocks before it were served with it
+    select
+        decision_key,
+        replica,
+        any_value(n_blocks) as prefix_n_blocks,
+        coalesce(
+            max(block_pos) filter (
+                where served_at >= decided_at - interval 300 second
+            ),
+            0
+        ) as prefix_held_blocks
+    from candidate_blocks_served
+    group by all
+),
+
+candidates_with_state as (
+    select
+        c.*,
+        o.replica is not null as replica_observed,
+        coalesce(s.true_waiting, 0) as true_waiting,
+        coalesce(s.true_running, 0) as true_running,
+        coalesce(s.true_remaining_tokens, 0.0) as true_remaining_tokens,
+        coalesce(s.true_queued_prefill_tokens, 0) as true_queued_prefill_tokens,
+        coalesce(s.drain_ms, 0.0) as drain_ms,
+        -- cache the request would have found there: the replica's report where it ran; else
+        -- the replica's own history of the prompt's prefix blocks (the blocks it served
+        -- before the decision, in proportion of the prompt); else the router's prediction
+        -- (0 when the router predicted nothing)
+        case
+            when c.replica = d.exec_replica and d.exec_cached_tokens is not null
+                then d.exec_cached_tokens
+            when h.prefix_n_blocks > 0
+                then cast(
+                    floor(coalesce(r.input_tokens, 0) * h.prefix_held_blocks / h.prefix_n_blocks)
+                    as bigint
+                )
+            else least(
+                coalesce(c.predicted_cached_tokens, 0),
+                coalesce(r.input_tokens, c.predicted_cached_tokens, 0)
+            )
+        end as cached_assumed_tokens,
+        case
+            when c.replica = d.exec_replica and d.exec_cached_tokens is not null
+                then 'replica_report'
+            when h.prefix_n_blocks > 0 then 'prefix_history'
+            else 'router_prediction'
+        end as cache_source,
+        h.prefix_held_blocks,
+        -- the load is rebuilt from the executions in flight there, when the store has any
+        -- execution on that replica; a replica known only from scrapes is idle by that rebuild
+        case
+            when e.replica is not null then 'executions'
+            when o.replica is not null then 'scrapes'
+            else 'router_view'
+        end as load_source,
+        -- FCFS: it would start prefill once the work present at t had its first token
+        greatest(coalesce(s.drain_ms, 0.0) - d.forward_delay_ms, 0.0) as wait_est_ms
+    from candidates_resolved as c
+    inner join decisions_resolved as d
+        on c.decision_key = d.decision_key
+    left join true_state_aggregated as s
+        on c.decision_key = s.decision_key
+        and c.replica = s.replica
+    left join observed_replicas as o
+        on c.replica = o.replica
+    left join executed_replicas as e
+        on c.replica = e.replica
+    left join all_requests as r
+        on c.request_key = r.request_key
+    left join candidate_prefix_held as h
+        on c.decision_key = h.decision_key
+        and c.replica = h.replica
 ),
 
 decisions_evidenced as (

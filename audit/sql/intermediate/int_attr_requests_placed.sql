@@ -34,6 +34,16 @@ final_rows as (
         r.predicted_cached_tokens,
         round(e.ttft_est_ms / t.estimate_tolerance_ms) as ttft_est_rank,
         round(e.wait_est_ms / t.estimate_tolerance_ms) as wait_est_rank,
+        -- Q + P on the true wait with the router's own prefill estimate (its cache view)
+        round(
+            (e.wait_est_ms + coalesce(e.router_est_prefill_ms, e.prefill_est_ms))
+            / t.estimate_tolerance_ms
+        ) as true_qp_rank,
+        round(
+            (e.router_est_queue_ms + e.router_est_prefill_ms) / t.estimate_tolerance_ms
+        ) as view_qp_rank,
+        e.seen_waiting + coalesce(e.seen_running, 0) + coalesce(e.seen_pending, 0)
+            as seen_load,
         {
             'replica': e.replica,
             'seen_waiting': e.seen_waiting,
@@ -121,7 +131,9 @@ best_alternative as (
                 'ttft_est_ms': ttft_est_ms,
                 'cached_assumed_tokens': cached_assumed_tokens,
                 'router_est_queue_ms': router_est_queue_ms,
-                'router_est_prefill_ms': router_est_prefill_ms
+                'router_est_prefill_ms': router_est_prefill_ms,
+                'cache_source': cache_source,
+                'load_source': load_source
             },
             (ttft_est_rank, stable_key)
         ))
@@ -132,6 +144,131 @@ best_alternative as (
         and replica_observed
         and ttft_est_ms is not null
     group by request_key
+),
+
+policy_replayed as (
+    -- the router's own policy re-run on the TRUE state at the decision instant (true queues
+    -- and remaining work from executions, its own cache prediction kept), for the policies
+    -- whose rule is known: which replica it would have chosen. Policies blind to the state
+    -- (round_robin, random) choose the same replica whatever they see; power_of_two is
+    -- re-run on the pair it sampled (the candidates it scored). Ties go to the stable key.
+    select
+        f.request_key,
+        any_value(lower(f.decision_policy)) as policy_name,
+        -- least work in tokens (least_load) and least requests (cache_aware's load)
+        arg_min(f.replica, (f.true_remaining_tokens, f.stable_key)) as least_work_replica,
+        arg_min(f.replica, (f.true_remaining_tokens, f.stable_key))
+            filter (where f.score is not null) as sampled_least_work_replica,
+        count(f.score) as scored_candidates,
+        arg_min(f.replica, (f.true_waiting + f.true_running, f.stable_key))
+            as least_requests_replica,
+        min(f.true_waiting + f.true_running) as min_true_load,
+        max(f.true_waiting + f.true_running) as max_true_load,
+        arg_min(
+            f.replica,
+            (-coalesce(f.candidate_predicted_cached_tokens, 0), f.true_waiting + f.true_running, f.stable_key)
+        ) as best_match_replica,
+        max(coalesce(f.candidate_predicted_cached_tokens, 0)) / greatest(any_value(f.input_tokens), 1)
+            as best_match_rate,
+        arg_min(f.replica, (f.true_qp_rank, f.stable_key)) as least_qp_replica,
+        -- the same policy on the router's own view: a replay that does not give the replica
+        -- it chose means the policy is not what the audit assumes (or its inputs were not
+        -- recorded), and the replay is not used
+        arg_min(f.replica, (f.score, f.stable_key)) filter (where f.score is not null)
+            as view_least_score_replica,
+        count(f.seen_waiting) as seen_candidates,
+        count(*) as replayed_candidates,
+        arg_min(f.replica, (f.seen_load, f.stable_key)) as view_least_requests_replica,
+        min(f.seen_load) as min_seen_load,
+        max(f.seen_load) as max_seen_load,
+        arg_min(
+            f.replica,
+            (-coalesce(f.candidate_predicted_cached_tokens, 0), f.seen_load, f.stable_key)
+        ) as view_best_match_replica,
+        arg_min(f.replica, (f.view_qp_rank, f.stable_key))
+            filter (where f.view_qp_rank is not null) as view_least_qp_replica,
+        count(f.view_qp_rank) as view_qp_candidates,
+        any_value(f.replica) filter (where f.chosen) as chosen_replica
+    from final_rows as f
+    where f.eligible and f.replica_observed
+    group by f.request_key
+),
+
+policy_choice as (
+    select
+        p.request_key,
+        p.policy_name,
+        p.chosen_replica,
+        case
+            when p.policy_name in ('round_robin', 'random') then p.chosen_replica
+            when p.policy_name in ('least_load', 'least_loaded') then p.least_work_replica
+            when p.policy_name in ('least_request', 'least_requests')
+                then p.least_requests_replica
+            when p.policy_name = 'power_of_two' and p.scored_candidates = 2
+                then p.sampled_least_work_replica
+            when p.policy_name = 'qp_cost' then p.least_qp_replica
+            when p.policy_name = 'cache_aware' and (
+                p.max_true_load - p.min_true_load > t.cache_aware_balance_abs
+                and p.max_true_load > p.min_true_load * t.cache_aware_balance_rel
+            ) then p.least_requests_replica
+            when p.policy_name = 'cache_aware'
+                and p.best_match_rate > t.cache_aware_cache_threshold
+                then p.best_match_replica
+            when p.policy_name = 'cache_aware' then p.least_requests_replica
+        end as policy_true_replica,
+        case
+            when p.policy_name in ('round_robin', 'random') then p.chosen_replica
+            when p.policy_name in ('least_load', 'least_loaded', 'power_of_two', 'qp_cost')
+                and p.view_least_score_replica is not null
+                then p.view_least_score_replica
+            when p.policy_name = 'qp_cost' and p.view_qp_candidates = p.replayed_candidates
+                then p.view_least_qp_replica
+            when p.seen_candidates < p.replayed_candidates then null
+            when p.policy_name in ('least_request', 'least_requests')
+                then p.view_least_requests_replica
+            when p.policy_name = 'cache_aware' and (
+                p.max_seen_load - p.min_seen_load > t.cache_aware_balance_abs
+                and p.max_seen_load > p.min_seen_load * t.cache_aware_balance_rel
+            ) then p.view_least_requests_replica
+            when p.policy_name = 'cache_aware'
+                and p.best_match_rate > t.cache_aware_cache_threshold
+                then p.view_best_match_replica
+            when p.policy_name = 'cache_aware' then p.view_least_requests_replica
+        end as policy_view_replica
+    from policy_replayed as p
+    cross join thresholds as t
+),
+
+policy_choice_checked as (
+    -- the replay is used only when, on the router's view, it gives the replica chosen (or the
+    -- view was not recorded well enough to say)
+    select *
+    from policy_choice
+    where policy_view_replica is null or policy_view_replica = chosen_replica
+),
+
+policy_choice_estimated as (
+    -- what the request would have had on the replica the policy chooses on the true state
+    select
+        c.request_key,
+        c.policy_name,
+        c.policy_true_replica,
+        c.policy_view_replica,
+        min(f.ttft_est_ms) as policy_true_ttft_est_ms,
+        min(f.wait_est_ms) as policy_true_wait_est_ms,
+        -- what the router saw of it (a replica listed twice: the first record)
+        arg_min(
+            coalesce(f.seen_waiting, 0) + coalesce(f.seen_running, 0)
+            + coalesce(f.seen_pending, 0),
+            f.stable_key
+        ) as policy_true_seen_load,
+        min(f.true_waiting + f.true_running) as policy_true_true_load,
+        arg_min(f.router_est_queue_ms, f.stable_key) as policy_true_router_est_queue_ms
+    from policy_choice_checked as c
+    inner join final_rows as f
+        on c.request_key = f.request_key
+        and c.policy_true_replica = f.replica
+    group by all
 ),
 
 final as (
@@ -192,12 +329,23 @@ final as (
         a.ttft_est_ms as a_ttft_est_ms,
         a.cached_assumed_tokens as a_cached_tokens,
         a.router_est_queue_ms as a_router_est_queue_ms,
-        a.router_est_prefill_ms as a_router_est_prefill_ms
+        a.router_est_prefill_ms as a_router_est_prefill_ms,
+        a.cache_source as a_cache_source,
+        a.load_source as a_load_source,
+        c.cache_source as c_cache_source,
+        p.policy_true_replica,
+        p.policy_true_ttft_est_ms,
+        p.policy_true_wait_est_ms,
+        p.policy_true_seen_load,
+        p.policy_true_true_load,
+        p.policy_true_router_est_queue_ms
     from request_level as r
     left join chosen as c
         on r.request_key = c.request_key
     left join best_alternative as a
         on r.request_key = a.request_key
+    left join policy_choice_estimated as p
+        on r.request_key = p.request_key
 )
 
 select * from final

@@ -50,6 +50,16 @@ thresholds as (
         -- overload: the request's own measured queue must be at least this long
         cast(coalesce(getvariable('routeaudit_overload_min_queue_ms'), 100.0) as double)
             as overload_min_queue_ms,
+        -- the cache_aware policy replayed on the true state (SGLang router's defaults):
+        -- imbalanced when max - min load exceeds this ...
+        cast(coalesce(getvariable('routeaudit_cache_aware_balance_abs'), 64) as double)
+            as cache_aware_balance_abs,
+        -- ... and max load exceeds min load times this; then it takes the least loaded
+        cast(coalesce(getvariable('routeaudit_cache_aware_balance_rel'), 1.5) as double)
+            as cache_aware_balance_rel,
+        -- ... else the best prefix match when its share of the prompt exceeds this
+        cast(coalesce(getvariable('routeaudit_cache_aware_cache_threshold'), 0.3) as double)
+            as cache_aware_cache_threshold,
         -- calibration: observations a replica needs before its own fit is used
         cast(coalesce(getvariable('routeaudit_calibration_min_n'), 5) as bigint)
             as calibration_min_n

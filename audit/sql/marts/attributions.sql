@@ -114,6 +114,10 @@ compared as (
         s.actual_replica_ttft_ms
         - s.evicted_tokens * s.c_nominal_ms_per_token
         - s.a_ttft_est_ms as saving_ms,
+        -- what the policy's own choice on the true state would have saved
+        s.actual_replica_ttft_ms
+        - s.evicted_tokens * s.c_nominal_ms_per_token
+        - s.policy_true_ttft_est_ms as stale_saving_ms,
         -- load = waiting + running (+ pending assignments the router knew of)
         s.c_seen_waiting + coalesce(s.c_seen_running, 0)
         + coalesce(s.c_seen_pending, 0) as c_seen_load,
@@ -139,7 +143,28 @@ judged as (
         -- materially wrong.
         -- With the router's Q/P estimates the comparison is Q+P against true wait + P (the
         -- policy's own terms); without them, load = waiting + running (+ pending).
-        case
+        coalesce(case
+            -- the policy is known: re-run on the true state it chose another replica, and that
+            -- choice's saving alone is material (the misrouting rule's bar)
+            when s.policy_true_replica is not null
+                then
+                    s.policy_true_replica <> s.chosen_replica
+                    -- the view of the chosen replica, or of the one chosen on the true state,
+                    -- was materially wrong (its load, or the router's queue estimate)
+                    and (
+                        abs(s.c_true_load - s.c_seen_load) >= t.stale_min_gap
+                        or abs(s.policy_true_true_load - s.policy_true_seen_load)
+                        >= t.stale_min_gap
+                        or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
+                        or abs(s.c_wait_est_ms - s.c_router_est_queue_ms) >= t.misroute_min_ms
+                        or abs(s.policy_true_wait_est_ms - s.policy_true_router_est_queue_ms)
+                        >= t.misroute_min_ms
+                    )
+                    and s.stale_saving_ms >= t.misroute_min_ms
+                    and (
+                        s.stale_saving_ms >= t.misroute_min_frac * s.actual_replica_ttft_ms
+                        or s.ttft_ms - s.stale_saving_ms <= s.ttft_slo_ms
+                    )
             when s.c_router_est_queue_ms is not null and s.a_router_est_queue_ms is not null
                 then
                     -- (estimates within estimate_tolerance_ms of each other are equal)
@@ -163,7 +188,7 @@ judged as (
                     abs(s.c_true_load - s.c_seen_load) >= t.stale_min_gap
                     or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
                 )
-        end as view_was_stale,
+        end, false) as view_was_stale,
         -- the wait, not the prefill, made the difference (within the tolerance: the wait)
         coalesce(s.exec_queue_ms, 0) - s.a_wait_est_ms
         >= coalesce(s.exec_prefill_ms, 0) - s.evicted_tokens * s.c_nominal_ms_per_token
@@ -188,81 +213,120 @@ judged as (
     cross join thresholds as t
 ),
 
-cause_misrouting as (
+routing_judged as (
     select
-        request_key,
-        case when view_was_stale then 'stale_telemetry' else 'misrouting' end
-            as cause,
+        j.*,
         case
-            when view_was_stale and in_herding_episode then 'herding'
-            when view_was_stale and c_telemetry_age_ms >= t.stale_age_ms then 'stale_view'
+            when j.view_was_stale and j.in_herding_episode then 'herding'
+            when j.view_was_stale and j.c_telemetry_age_ms >= t.stale_age_ms then 'stale_view'
             -- fresh telemetry, but assignments since (own or other routers') not reflected
-            when view_was_stale then 'unreflected_load'
-            when (c_router_est_queue_ms is not null
-                or c_router_est_prefill_ms is not null)
-                and coalesce(c_router_est_queue_ms, 0) + coalesce(c_router_est_prefill_ms, 0)
-                <= coalesce(a_router_est_queue_ms, 0) + coalesce(a_router_est_prefill_ms, 0)
+            when j.view_was_stale then 'unreflected_load'
+        end as stale_kind,
+        case
+            when (j.c_router_est_queue_ms is not null
+                or j.c_router_est_prefill_ms is not null)
+                and coalesce(j.c_router_est_queue_ms, 0) + coalesce(j.c_router_est_prefill_ms, 0)
+                <= coalesce(j.a_router_est_queue_ms, 0) + coalesce(j.a_router_est_prefill_ms, 0)
                 + t.estimate_tolerance_ms
                 then 'policy_estimate'
             -- a policy that weighs load, on a view that was right, still misjudged the work
-            when wait_decided and policy_reads_load then 'load_misjudged'
-            when wait_decided then 'load_blind'
-            when alt_held_prefix then 'cache_blind'
+            when j.wait_decided and j.policy_reads_load then 'load_misjudged'
+            when j.wait_decided then 'load_blind'
+            when j.alt_held_prefix then 'cache_blind'
             -- both held the prefix (or neither): the alternative prefills faster
             else 'speed_blind'
-        end as sub_kind,
-        saving_ms as excess_ms,
+        end as misroute_kind,
         case
-            when view_was_stale then 0.8
+            when j.policy_true_replica is not null
+                then printf(
+                    'on the true state its policy (%s) would have chosen %s: est %.0f ms vs '
+                    || 'actual %.0f ms; ',
+                    lower(j.decision_policy),
+                    j.policy_true_replica,
+                    j.policy_true_ttft_est_ms,
+                    j.actual_replica_ttft_ms
+                )
+            else ''
+        end as replay_evidence,
+        printf(
+            '%s: true waiting=%d, est wait %.0f ms + prefill %.0f ms (%d cached, from %s; '
+            || 'load from %s) = %.0f ms vs actual %.0f ms',
+            j.alt_replica,
+            j.a_true_waiting,
+            j.a_wait_est_ms,
+            j.a_prefill_est_ms,
+            j.a_cached_tokens,
+            replace(coalesce(j.a_cache_source, '?'), '_', ' '),
+            replace(coalesce(j.a_load_source, '?'), '_', ' '),
+            j.a_ttft_est_ms,
+            j.actual_replica_ttft_ms
+        ) as alt_evidence
+    from judged as j
+    cross join thresholds as t
+    where j.is_misrouted
+),
+
+cause_misrouting as (
+    -- the view flipped the choice: stale telemetry, sized by what the policy's own true-state
+    -- choice saves (or, for a policy that cannot be re-run, by the best alternative's saving)
+    select
+        request_key,
+        'stale_telemetry' as cause,
+        stale_kind as sub_kind,
+        coalesce(stale_saving_ms, saving_ms) as excess_ms,
+        0.8 as base_confidence,
+        replay_evidence
+        || printf(
+            'router saw waiting=%s running=%s (pending %s) on %s at age %s ms; '
+            || 'true waiting was %s, running %s. ',
+            coalesce(printf('%.0f', c_seen_waiting), '?'),
+            coalesce(printf('%.0f', c_seen_running), '?'),
+            coalesce(cast(c_seen_pending as varchar), '?'),
+            chosen_replica,
+            coalesce(printf('%.0f', c_telemetry_age_ms), '?'),
+            cast(c_true_waiting as varchar),
+            cast(c_true_running as varchar)
+        )
+        || case
+            when in_herding_episode then printf(
+                'decision %d of %d on that telemetry sample; '
+                || '%d earlier assignments unreflected in its view. ',
+                episode_rank, episode_decisions, unreflected_assignments
+            )
+            else ''
+        end
+        || alt_evidence as evidence
+    from routing_judged
+    where view_was_stale
+    union all
+    -- another replica would have met it: misrouting, beyond the stale choice when there was one
+    select
+        request_key,
+        'misrouting' as cause,
+        misroute_kind as sub_kind,
+        case
+            when view_was_stale then policy_true_ttft_est_ms - a_ttft_est_ms
+            else saving_ms
+        end as excess_ms,
+        case
             when c_router_est_queue_ms is not null
                 or c_router_est_prefill_ms is not null then 0.7
             when wait_decided and policy_reads_load then 0.7
             when wait_decided then 0.8
             else 0.6
         end as base_confidence,
-        case
-            when view_was_stale then
-                printf(
-                    'router saw waiting=%s running=%s (pending %s) on %s at age %s ms; '
-                    || 'true waiting was %s, running %s. ',
-                    coalesce(printf('%.0f', c_seen_waiting), '?'),
-                    coalesce(printf('%.0f', c_seen_running), '?'),
-                    coalesce(cast(c_seen_pending as varchar), '?'),
-                    chosen_replica,
-                    coalesce(printf('%.0f', c_telemetry_age_ms), '?'),
-                    cast(c_true_waiting as varchar),
-                    cast(c_true_running as varchar)
-                )
-                || case
-                    when in_herding_episode then printf(
-                        'decision %d of %d on that telemetry sample; '
-                        || '%d earlier assignments unreflected in its view. ',
-                        episode_rank, episode_decisions, unreflected_assignments
-                    )
-                    else ''
-                end
-            else printf(
-                'router chose %s (reason %s): true waiting=%d, running=%d, remaining=%.0f tokens; ',
-                chosen_replica,
-                coalesce(decision_reason, '?'),
-                c_true_waiting,
-                c_true_running,
-                c_true_remaining_tokens
-            )
-        end
+        replay_evidence
         || printf(
-            '%s: true waiting=%d, est wait %.0f ms + prefill %.0f ms (%d cached) = %.0f ms vs actual %.0f ms',
-            alt_replica,
-            a_true_waiting,
-            a_wait_est_ms,
-            a_prefill_est_ms,
-            a_cached_tokens,
-            a_ttft_est_ms,
-            actual_replica_ttft_ms
-        ) as evidence
-    from judged
-    cross join thresholds as t
-    where is_misrouted
+            'router chose %s (reason %s): true waiting=%d, running=%d, remaining=%.0f tokens; ',
+            chosen_replica,
+            coalesce(decision_reason, '?'),
+            c_true_waiting,
+            c_true_running,
+            c_true_remaining_tokens
+        )
+        || alt_evidence as evidence
+    from routing_judged
+    where not view_was_stale or policy_true_replica is not null
 ),
 
 cause_eviction as (

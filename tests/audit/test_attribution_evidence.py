@@ -1,0 +1,135 @@
+"""Evidence for every alternative, and the counterfactual of the router's own policy.
+
+An alternative's cache is what its own history of the prompt's prefix blocks shows (not the
+router's prediction) when the decision carries prefix hashes; stale telemetry is decided by
+re-running the router's policy on the true state at the decision instant. Hand-built marts as
+in test_attribution (every replica prefills at 1 ms per uncached token)."""
+
+from __future__ import annotations
+
+import pytest
+from test_attribution import Fleet, load_blind_fleet, primary, rows, seen
+
+
+def prefix_fleet(*, b_served_prefix: bool, b_predicted: int) -> Fleet:
+    """S (2000 tokens, 4 prefix blocks) goes to the idle A, which holds none of it: 2000 ms of
+    prefill, over the 2000 ms SLO. B is idle too; p0, served on B 10 s earlier, shared the
+    first two blocks (when ``b_served_prefix``) or none. The router predicted ``b_predicted``
+    cached tokens on B (a prefix index remembering only the last replica per prefix predicts 0
+    where B held it; one that outlived an eviction predicts tokens B did not hold)."""
+    f = Fleet()
+    f.served("p0", "B", arrive=-10_000.0, queue=0.0, input_tokens=1000)
+    f.decision("p0", at_ms=-10_000.0, chosen="B", policy="round_robin", reason="round_robin",
+               candidates=[{"replica": "A", **seen(0, 0)}, {"replica": "B", **seen(0, 0)}])
+    f.prefixes.append(("p0", ["h1", "h2"] if b_served_prefix else ["z1", "z2"]))
+    f.prefixes.append(("S", ["h1", "h2", "h3", "h4"]))
+    f.decision("S", at_ms=0.0, chosen="A", policy="round_robin", reason="round_robin",
+               candidates=[
+                   {"replica": "A", "predicted_cached_tokens": 0, **seen(0, 0)},
+                   {"replica": "B", "predicted_cached_tokens": b_predicted, **seen(0, 0)},
+               ])
+    f.served("S", "A", arrive=5.0, queue=0.0, input_tokens=2000, cached=0)
+    return f
+
+
+def test_an_alternative_holding_the_prefix_is_seen_from_its_history() -> None:
+    """The router predicted B cold; B's history shows it held half the prompt (2 of 4 blocks):
+    1000 ms there instead of 2000 ms. (On the router's prediction B looked no better than A.)"""
+    con = prefix_fleet(b_served_prefix=True, b_predicted=0).store()
+    (b,) = rows(con, "select cached_assumed_tokens, cache_source, prefix_held_blocks "
+                     "from int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
+    assert b == {"cached_assumed_tokens": 1000, "cache_source": "prefix_history",
+                 "prefix_held_blocks": 2}
+    p = primary(con, "S")
+    assert (p["cause"], p["sub_kind"]) == ("misrouting", "cache_blind")
+    assert p["excess_ms"] == pytest.approx(1000.0, abs=1.0)
+    assert "(1000 cached, from prefix history; load from executions)" in p["evidence"]
+
+
+def test_a_predicted_hit_the_alternative_never_held_is_not_trusted() -> None:
+    """The router predicted 1000 tokens on B, but B never served any of the prompt's blocks:
+    B would have prefilled all 2000 tokens too, so the choice of A cost nothing."""
+    con = prefix_fleet(b_served_prefix=False, b_predicted=1000).store()
+    (b,) = rows(con, "select cached_assumed_tokens, cache_source "
+                     "from int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
+    assert b == {"cached_assumed_tokens": 0, "cache_source": "prefix_history"}
+    causes = {r["cause"] for r in rows(con, "select cause from attributions where request_id='S'")}
+    assert "misrouting" not in causes
+
+
+def test_without_prefix_hashes_the_alternative_keeps_the_routers_prediction() -> None:
+    f = prefix_fleet(b_served_prefix=True, b_predicted=600)
+    f.prefixes.clear()
+    con = f.store()
+    (b,) = rows(con, "select cached_assumed_tokens, cache_source "
+                     "from int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
+    assert b == {"cached_assumed_tokens": 600, "cache_source": "router_prediction"}
+    p = primary(con, "S")
+    assert "from router prediction" in p["evidence"]
+
+
+def test_cache_aware_on_the_true_state_would_have_chosen_the_same_replica() -> None:
+    """The router saw A idle (true: 10 queued); B idle. But cache_aware at its thresholds (no
+    imbalance below 64 requests; A's predicted match 50 % > 30 %) sends S to A on the true
+    state too: the view did not change the choice, the policy did. Misrouting, not stale
+    telemetry."""
+    con = load_blind_fleet(router_saw_waiting=0, router_saw_running=0).store()
+    (placed,) = rows(con, "select policy_true_replica from int_attr_requests_placed "
+                          "where request_key = 'k-S'")
+    assert placed["policy_true_replica"] == "A"
+    p = primary(con, "S")
+    assert (p["cause"], p["sub_kind"]) == ("misrouting", "load_blind")
+    assert "would have chosen A" in p["evidence"]
+
+
+def test_cache_aware_thresholds_decide_the_true_state_choice() -> None:
+    """The same decision with an imbalance threshold of 5 requests: on the true state (10 vs 0)
+    cache_aware balances to B, so the stale view flipped the choice."""
+    con = load_blind_fleet(router_saw_waiting=0, router_saw_running=0).store()
+    con.execute("set variable routeaudit_cache_aware_balance_abs = 5")
+    p = primary(con, "S")
+    assert (p["cause"], p["sub_kind"]) == ("stale_telemetry", "unreflected_load")
+    assert "on the true state its policy (cache_aware) would have chosen B" in p["evidence"]
+    # what its own true-state choice saves: B takes 1000 ms instead of 10400 ms
+    assert p["excess_ms"] == pytest.approx(9400.0, abs=1.0)
+
+
+def test_power_of_two_is_replayed_on_the_pair_it_sampled() -> None:
+    """power_of_two sampled A and C (the candidates it scored) and took A, whose work it saw as
+    the smaller. On the true state it would have taken C, not the equally idle B it never
+    sampled."""
+    f = Fleet()
+    f.backlog("A", 10)
+    f.served("b0", "B", arrive=-20_000.0, queue=0.0, input_tokens=800)
+    f.served("c0", "C", arrive=-20_000.0, queue=0.0, input_tokens=800)
+    f.decision("S", at_ms=100.0, chosen="A", policy="power_of_two", reason="power_of_two",
+               candidates=[
+                   {"replica": "A", "score": 0.0, **seen(0, 0)},
+                   {"replica": "B", **seen(0, 0)},
+                   {"replica": "C", "score": 500.0, **seen(1, 0)},
+               ])
+    f.served("S", "A", arrive=100.0, queue=9900.0, input_tokens=1000)
+    con = f.store()
+    p = primary(con, "S")
+    assert p["cause"] == "stale_telemetry"
+    assert "its policy (power_of_two) would have chosen C" in p["evidence"]
+
+
+def test_a_replay_contradicting_the_recorded_choice_is_not_used() -> None:
+    """A least_load router whose recorded scores say B was the least loaded chose A: the audit
+    does not know this policy after all, so it does not claim what it would have chosen."""
+    f = Fleet()
+    f.backlog("A", 10)
+    f.served("b0", "B", arrive=-20_000.0, queue=0.0, input_tokens=800)
+    f.decision("S", at_ms=100.0, chosen="A", policy="least_load", reason="least_load",
+               candidates=[
+                   {"replica": "A", "score": 900.0, **seen(0, 0)},
+                   {"replica": "B", "score": 100.0, **seen(0, 0)},
+               ])
+    f.served("S", "A", arrive=100.0, queue=9900.0, input_tokens=1000)
+    con = f.store()
+    (placed,) = rows(con, "select policy_true_replica from int_attr_requests_placed "
+                          "where request_key = 'k-S'")
+    assert placed["policy_true_replica"] is None
+    p = primary(con, "S")
+    assert "its policy" not in p["evidence"]
