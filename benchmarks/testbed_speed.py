@@ -18,7 +18,9 @@ and the figure says so (``ground_truth`` in the output).
 
 ``--baseline-tree DIR`` runs the same measurement with the ``testbed`` package of another
 checkout (for example ``git archive <rev> testbed | tar -x -C DIR``) in a subprocess, alternating
-with this tree ``--rounds`` times, and prints both figures and their ratio from one run.
+with this tree ``--rounds`` times, and prints both figures and their ratio from one run. Rates
+are given per wall second and per CPU second of the process (``time.process_time``, exporter
+threads included): on a shared machine the CPU figure is the steadier one.
 """
 
 from __future__ import annotations
@@ -63,17 +65,19 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
     sim.ground_truth = ground_truth  # read by run(); an older testbed ignores it
     load_s = time.perf_counter() - t
     t = time.perf_counter()
+    c = time.process_time()
     sim.run()
     if emitter is not None:
         emitter.close()
     run_s = time.perf_counter() - t
+    cpu_s = time.process_time() - c
     t = time.perf_counter()
     rows = sim.ground_truth_rows() if ground_truth else []
     gt_s = time.perf_counter() - t
     s = sim.summary(run_s)
     return {
         "scenario": s.scenario, "policy": s.policy, "requests": s.n_requests, "load_s": load_s,
-        "run_s": run_s, "gt_s": gt_s, "rows": len(rows), "virtual_s": s.sim_duration_s,
+        "run_s": run_s, "cpu_s": cpu_s, "gt_s": gt_s, "rows": len(rows), "virtual_s": s.sim_duration_s,
         "events": s.events, "spans": len(mem.get_finished_spans()) if mem is not None else None,
         "ttft": (s.ttft_p50_ms, s.ttft_p90_ms, s.ttft_p99_ms), "cached": s.cached_token_fraction,
         "slow": s.n_slow, "causes": s.primary_cause_counts, "ground_truth": ground_truth,
@@ -89,6 +93,7 @@ def _print(m: dict[str, Any], label: str = "") -> None:
     print(f"{label}virtual time {m['virtual_s']:8.1f} s   speed-up x{m['virtual_s'] / run_s:8.1f}")
     print(f"{label}requests/s (wall) {m['requests'] / run_s:8.0f}   events {m['events']}   "
           f"events/s {m['events'] / run_s:8.0f}" + (f"   spans {m['spans']}" if m["spans"] else ""))
+    print(f"{label}requests/s (CPU)  {m['requests'] / m['cpu_s']:8.0f}   CPU {m['cpu_s']:6.2f} s")
     p50, p90, p99 = m["ttft"]
     print(f"{label}TTFT p50 {p50:.0f} ms  p90 {p90:.0f} ms  p99 {p99:.0f} ms  "
           f"cached {m['cached']:.1%}  slow {m['slow']}")
@@ -130,18 +135,20 @@ def main() -> None:
         argv.append(f"--n={args.n}")
     if args.no_ground_truth:
         argv.append("--no-ground-truth")
-    before: list[float] = []
-    after: list[float] = []
+    rates: dict[tuple[str, str], list[float]] = {}
     last: dict[str, dict[str, Any]] = {}
     for _ in range(args.rounds):  # alternate so both see the same machine load
-        for name, tree, acc in (("before", args.baseline_tree.resolve(), before), ("after", REPO, after)):
+        for name, tree in (("before", args.baseline_tree.resolve()), ("after", REPO)):
             m = _child(tree, argv)
-            acc.append(m["requests"] / m["run_s"])
+            rates.setdefault((name, "wall"), []).append(m["requests"] / m["run_s"])
+            rates.setdefault((name, "CPU"), []).append(m["requests"] / m["cpu_s"])
             last[name] = m
     for name in ("before", "after"):
         _print(last[name], f"[{name}] ")
-    b, a = statistics.median(before), statistics.median(after)
-    print(f"requests/s (wall), median of {args.rounds}: before {b:.0f}  after {a:.0f}  x{a / b:.2f}")
+    for clock in ("wall", "CPU"):
+        b, a = (statistics.median(rates[(n, clock)]) for n in ("before", "after"))
+        print(f"requests/s ({clock}), median of {args.rounds}: before {b:.0f}  after {a:.0f}  "
+              f"x{a / b:.2f}")
     keys = ["ttft", "slow", "spans"]
     if last["before"]["ground_truth"] == last["after"]["ground_truth"]:
         keys.append("causes")

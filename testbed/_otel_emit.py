@@ -89,6 +89,11 @@ def _direct_types() -> tuple[Any, Any]:
                        set_status_on_exception: bool = True) -> trace.Span:
             d = self._direct
             if d is not None and not links and d.usable():
+                if attributes:
+                    # a list of strings is kept as the tuple the SDK would make of it, which
+                    # lets the direct span take its copy-only path
+                    attributes = {k: tuple(v) if type(v) is list and all(type(x) is str for x in v)
+                                  else v for k, v in attributes.items()}
                 return d.start(name, context, kind, attributes or {}, start_time)
             return self._tracer.start_span(name, context, kind, attributes, links, start_time,
                                            record_exception, set_status_on_exception)
