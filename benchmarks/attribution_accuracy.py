@@ -4,8 +4,10 @@ For each scenario: replay it through the real path (OTel SDK -> OTLP/HTTP -> col
 DuckDB store), refresh the relations, take the audit's primary cause per request from
 ``attributions`` (a request without a row = ``none``) and join it, on ``request_id``, to the
 ground truth the testbed wrote from its own state (``primary_cause``, ``slow``). Prints, per
-scenario and overall: counts, slow agreement, per-cause precision / recall of the primary cause,
-the confusion matrix and the time taken.
+scenario and overall: counts, slow agreement, per-cause precision / recall / support of the
+primary cause, the confusion matrix, the time taken, and the determinism check (each store
+rebuilt from its raw rows in another order, in three batches, on one thread: primary verdicts
+that differ; ``--no-determinism`` skips it).
 
     python3 benchmarks/attribution_accuracy.py [--requests 1000] [--seed 0]
         [--scenarios baseline,mixed] [--workdir DIR] [--reuse] [--ttft-slo-ms MS]
@@ -57,7 +59,8 @@ if str(ROOT) not in sys.path:
 import polars as pl  # noqa: E402
 
 DEFAULT_SCENARIOS = ("baseline", "stale_telemetry", "herding", "eviction_pressure",
-                     "load_blind_cache", "slow_replica", "overload_bursts", "mixed")
+                     "load_blind_cache", "slow_replica", "overload_bursts", "mixed",
+                     "draining_polls", "no_pending_correction", "partial_prefix_index", "ties")
 FOCUS = ("misrouting", "eviction", "stale_telemetry")
 """Causes the goal is set on (precision >= 0.9, recall >= 0.8 on every scenario)."""
 GT_CAUSES = ("misrouting", "eviction", "stale_telemetry", "overload", "slow_replica",
@@ -153,6 +156,55 @@ def audit_primary(db: Path, slo: Any) -> tuple[pl.DataFrame, float, float]:
     finally:
         store.close()
     return pl.from_arrow(table), refresh_s, query_s  # type: ignore[return-value]
+
+
+VERDICT_SQL = """
+    select request_key, cause, sub_kind, excess_ms, confidence, evidence
+    from attributions where is_primary order by all
+"""
+
+
+def determinism(db: Path, slo: Any, seed: int) -> tuple[int, int]:
+    """(verdicts that differ, verdicts) between ``db`` and an identical store built again from
+    its raw rows in another order, in three batches, on one thread."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from audit._store import Store
+
+    src = Store(db)
+    try:
+        src.refresh()
+        spans = src.query_arrow("select * from raw_spans")
+        events = src.query_arrow("select * from raw_span_events")
+        snaps = src.query_arrow("select * from raw_snapshots")
+        want = src.query_arrow(VERDICT_SQL, variables=slo.variables()).to_pylist()
+    finally:
+        src.close()
+    order = list(range(spans.num_rows))
+    random.Random(seed).shuffle(order)
+    spans = spans.take(pa.array(order, type=pa.int64()))
+    copy = db.with_name(db.stem + ".determinism.duckdb")
+    for p in (copy, Path(f"{copy}.wal")):
+        p.unlink(missing_ok=True)
+    store = Store(copy, threads=1, incremental=False)
+    try:
+        n = spans.num_rows
+        for k in range(3):
+            part = spans.slice(k * n // 3, (k + 1) * n // 3 - k * n // 3)
+            ids = part.column("span_id")
+            store.append(spans=part, events=events.filter(pc.is_in(events["span_id"], ids)),
+                         snapshots=snaps if k == 0 else None)
+        store.refresh()
+        got = store.query_arrow(VERDICT_SQL, variables=slo.variables()).to_pylist()
+    finally:
+        store.close()
+        for p in (copy, Path(f"{copy}.wal")):
+            p.unlink(missing_ok=True)
+    differ = len({tuple(r.values()) for r in want} ^ {tuple(r.values()) for r in got})
+    return differ, len(want)
 
 
 def load_truth(path: Path) -> pl.DataFrame:
@@ -254,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="reuse stores in --workdir made with the same scenario/requests/seed")
     ap.add_argument("--ttft-slo-ms", type=float, default=None,
                     help="TTFT SLO for both sides (default: the scenario's LabelConfig, 2000)")
+    ap.add_argument("--no-determinism", action="store_true",
+                    help="skip rebuilding each store from its raw rows in another order to "
+                         "compare every primary verdict")
     ap.add_argument("--dump", type=Path, default=None,
                     help="write the joined per-request rows (all scenarios) to this Parquet file")
     args = ap.parse_args(argv)
@@ -267,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     frames = []
+    unstable = 0
     lines: list[str] = []
     try:
         for scenario in scenarios:
@@ -281,11 +337,18 @@ def main(argv: list[str] | None = None) -> int:
             timings = {"replay": replay_s, "refresh": refresh_s, "query": query_s}
             block = report(f"{scenario} (TTFT SLO {slo.ttft_ms:.0f} ms, no TPOT target)",
                            df, timings)
+            if not args.no_determinism:
+                differ, total_verdicts = determinism(db, slo, args.seed)
+                unstable += differ
+                block.append(f"  determinism: {differ} of {total_verdicts} primary verdicts "
+                             "differ in a store rebuilt in another order, batches, threads")
             print("\n".join(block), flush=True)
             lines.extend(block)
         everything = pl.concat(frames)
         total = time.perf_counter() - started
         print("\n".join(report("overall", everything, {"total": total})))
+        if not args.no_determinism:
+            print(f"  determinism: {unstable} primary verdicts differ between identical stores")
         if args.dump is not None:
             everything.write_parquet(args.dump)
         # goal check on the focus causes, per scenario

@@ -66,6 +66,19 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("slow_replica", "replica-0 runs at 0.4x speed", fleet=_slow),
         Scenario("overload_bursts", "3 bursts of 12 long requests per replica within 2 s",
                  workload=_bursts),
+        Scenario("draining_polls", "least_load router polling every 3 s through bursts: queues "
+                 "build and drain between two samples", fleet=lambda f: _router(
+                     f, policy="least_load", telemetry_interval_s=3.0), workload=_bursts),
+        Scenario("no_pending_correction", "one qp_cost router, 1 s polling, without pending "
+                 "correction: its own assignments since the sample are unseen",
+                 fleet=lambda f: _router(f, pending_correction=False, telemetry_interval_s=1.0)),
+        Scenario("partial_prefix_index", "cache_aware router whose prefix index keeps only 20k "
+                 "tokens per replica, on a 150k-token KV pool: it forgets prefixes replicas "
+                 "hold and remembers some they evicted",
+                 fleet=lambda f: _replica(_router(f, policy="cache_aware", tree_max_tokens=20_000),
+                                          kv_capacity_tokens=150_000)),
+        Scenario("ties", "least_load router on 0.25 s polling: idle replicas tie, broken by "
+                 "replica order", fleet=lambda f: _router(f, policy="least_load")),
         Scenario("mixed", "the demo: 2 s telemetry polling, a smaller KV pool (200k tokens) and "
                  "replica-0 at 0.4x speed, together",
                  fleet=lambda f: _slow(_replica(_router(f, telemetry_interval_s=2.0),
