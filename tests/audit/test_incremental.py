@@ -34,8 +34,9 @@ def _norm(v: Any) -> Any:
 
 
 def _rows(store: Store, relation: str) -> list[str]:
-    rows = store._con.execute(f"select * from {relation}").fetchall()
-    return sorted(repr(_norm(tuple(r))) for r in rows)
+    # through the store, as a reader sees it: closed partitions (Parquet) with the DuckDB rows
+    rows = store.query_arrow(f"select * from {relation}").to_pylist()
+    return sorted(repr(_norm(tuple(r.values()))) for r in rows)
 
 
 COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attributes", "slo_targets"}]

@@ -51,8 +51,11 @@ def test_a_collector_refreshes_by_slices_as_batches_arrive(tmp_path: Path) -> No
             newest = h["newest_request_ns"]
             assert isinstance(newest, int)
             newest_seen.append(newest)
+        # each batch caught up by a refresh of its own (background, or one a query waited for),
+        # by slices after the first
         counters = _health(c)["counters"]
-        assert isinstance(counters, dict) and counters["background_refreshes"] >= 3
+        assert isinstance(counters, dict) and counters["background_refreshes"] >= 1
+        assert c._store is not None and c._store.last_refresh_kind in ("slice", "none")
         live = c._store.query_arrow(QUERY) if c._store is not None else None
     assert newest_seen == sorted(newest_seen) and len(set(newest_seen)) == 3
     one = Store(tmp_path / "one.duckdb", incremental=False)
