@@ -73,7 +73,7 @@ def _direct_types() -> tuple[Any, Any]:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import Tracer as SdkTracer
 
-    from collectors.router._direct_spans import DirectSpans
+    from collectors.router import DirectSpans
 
     class _DirectTracer(trace.Tracer):
         """An SDK tracer whose spans start as direct spans while that gives the SDK's spans."""
