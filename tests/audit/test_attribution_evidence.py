@@ -11,15 +11,15 @@ import pytest
 from test_attribution import Fleet, load_blind_fleet, primary, rows, seen
 
 
-def prefix_fleet(*, b_served_prefix: bool, b_predicted: int) -> Fleet:
+def prefix_fleet(*, b_served_prefix: bool, b_predicted: int, p0_at: float = -10_000.0) -> Fleet:
     """S (2000 tokens, 4 prefix blocks) goes to the idle A, which holds none of it: 2000 ms of
     prefill, over the 2000 ms SLO. B is idle too; p0, served on B 10 s earlier, shared the
     first two blocks (when ``b_served_prefix``) or none. The router predicted ``b_predicted``
     cached tokens on B (a prefix index remembering only the last replica per prefix predicts 0
     where B held it; one that outlived an eviction predicts tokens B did not hold)."""
     f = Fleet()
-    f.served("p0", "B", arrive=-10_000.0, queue=0.0, input_tokens=1000)
-    f.decision("p0", at_ms=-10_000.0, chosen="B", policy="round_robin", reason="round_robin",
+    f.served("p0", "B", arrive=p0_at, queue=0.0, input_tokens=1000)
+    f.decision("p0", at_ms=p0_at, chosen="B", policy="round_robin", reason="round_robin",
                candidates=[{"replica": "A", **seen(0, 0)}, {"replica": "B", **seen(0, 0)}])
     f.prefixes.append(("p0", ["h1", "h2"] if b_served_prefix else ["z1", "z2"]))
     f.prefixes.append(("S", ["h1", "h2", "h3", "h4"]))
@@ -44,6 +44,17 @@ def test_an_alternative_holding_the_prefix_is_seen_from_its_history() -> None:
     assert (p["cause"], p["sub_kind"]) == ("misrouting", "cache_blind")
     assert p["excess_ms"] == pytest.approx(1000.0, abs=1.0)
     assert "(1000 cached, from prefix history; load from executions)" in p["evidence"]
+
+
+def test_prefix_service_long_before_the_decision_is_not_evidence() -> None:
+    """p0 shared the prefix on B 60 s before S: a busy replica's prefix cache has turned over
+    since, so B counts as cold (and the choice of A is not a misroute)."""
+    con = prefix_fleet(b_served_prefix=True, b_predicted=0, p0_at=-60_000.0).store()
+    (b,) = rows(con, "select cached_assumed_tokens, prefix_held_blocks "
+                     "from int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
+    assert b == {"cached_assumed_tokens": 0, "prefix_held_blocks": 0}
+    causes = {r["cause"] for r in rows(con, "select cause from attributions where request_id='S'")}
+    assert "misrouting" not in causes
 
 
 def test_a_predicted_hit_the_alternative_never_held_is_not_trusted() -> None:

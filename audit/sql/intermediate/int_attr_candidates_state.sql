@@ -280,15 +280,18 @@ candidate_blocks_served as (
 ),
 
 candidate_prefix_held as (
-    -- the longest prefix the replica had served within 300 s before the decision. Hashes are
-    -- chained: a block served at position k means the k blocks before it were served with it
+    -- the longest prefix the replica had served within 30 s before the decision. Hashes are
+    -- chained: a block served at position k means the k blocks before it were served with it.
+    -- A busy replica's LRU prefix cache turns over: a prompt served minutes ago has usually
+    -- been evicted by the traffic since, and counting it as held made alternatives look
+    -- better than they were (false misrouting); recent service is evidence, older is not
     select
         decision_key,
         replica,
         any_value(n_blocks) as prefix_n_blocks,
         coalesce(
             max(block_pos) filter (
-                where served_at >= decided_at - interval 300 second
+                where served_at >= decided_at - interval 30 second
             ),
             0
         ) as prefix_held_blocks
