@@ -340,6 +340,9 @@ def reopen(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
         count = con.execute(insert).fetchall()[0][0]
         if table == "raw_spans":
             moved.spans = int(count)
+            # back in the DuckDB tables the relations had read (a close took them off the count)
+            con.execute("update routeaudit_meta set value = cast(try_cast(value as bigint) + ? "
+                        "as varchar) where key = 'relations_spans'", [moved.spans])
         for entry in _table_dirs(root / table):
             p = _part_of(entry)
             if p is not None and p < until and (lo is None or p >= lo):

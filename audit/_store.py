@@ -148,7 +148,7 @@ class Store:
                 raise StoreError(f"bad memory limit {memory_limit!r}: {_one_line(exc)}") from exc
         for table in RAW_TABLES:
             self._con.execute(raw_ddl(table))
-        _add_missing_raw_columns(self._con)
+        _add_missing_raw_columns(self._con, self.path if self._closes else None)
         self._events_keyed = bool(self._con.execute(
             "select count(*) from duckdb_constraints() where database_name = current_database() "
             "and table_name = 'raw_span_events' and constraint_type = 'PRIMARY KEY'").fetchall()[0][0])
@@ -568,9 +568,12 @@ def as_inserted(table: pa.Table | None) -> pa.Table | None:
     return None if narrow is None else narrow.combine_chunks()
 
 
-def _add_missing_raw_columns(con: duckdb.DuckDBPyConnection) -> None:
+def _add_missing_raw_columns(con: duckdb.DuckDBPyConnection,
+                             store_path: str | os.PathLike[str] | None = None) -> None:
     """Bring a store written by an older version up to the raw DDL: add the typed columns it
-    lacks and fill them from the verbatim attribute JSON, so old rows read like new ones."""
+    lacks and fill them from the verbatim attribute JSON, so old rows read like new ones.
+    Closed partitions (``store_path``'s Parquet) move back into DuckDB first, as their files
+    lack the new columns; they close again after the next refresh."""
     sources = {
         "raw_spans": [("attributes", semconv.TYPED_SPAN_ATTRIBUTES),
                       ("resource_attributes", semconv.TYPED_RESOURCE_ATTRIBUTES)],
@@ -590,6 +593,8 @@ def _add_missing_raw_columns(con: duckdb.DuckDBPyConnection) -> None:
         missing = {name: typ for name, typ, *_ in wanted if name not in have}
         if not missing:
             continue
+        if store_path is not None and _closed.closed_until(con) is not None:
+            _closed.reopen_all(con, store_path)
         fills, params = [], []
         for json_col, registry in sources.get(table, []):
             for key, (col, typ) in registry.items():

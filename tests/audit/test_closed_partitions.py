@@ -225,3 +225,20 @@ def test_a_cursor_reused_for_the_next_query_forgets_its_slo(built: dict[str, Any
     assert inc.query_arrow(sql, variables={"routeaudit_ttft_slo_ms": 5.0}).column("v")[0].as_py() == 5.0
     for _ in range(3):
         assert inc.query_arrow(sql).column("v")[0].as_py() is None
+
+
+def test_an_upgrade_adding_a_raw_column_reopens_closed_partitions(built: dict[str, Any],
+                                                                tmp_path: Path) -> None:
+    # a store written before a raw column existed: its Parquet files lack it
+    path = _copy_store(built["inc"], tmp_path / "old.duckdb")
+    con = duckdb.connect(str(path))
+    con.execute("alter table raw_spans drop column a_finish_reasons")
+    con.close()
+    n = built["one"].query_arrow("select count(*) as n from raw_spans").column("n")[0].as_py()
+    store = Store(path, incremental=True)
+    try:
+        assert _closed.closed_until(store._con) is None
+        assert store.query_arrow("select count(*) as n from raw_spans").column("n")[0].as_py() == n
+        assert store.relations_lag_spans == 0
+    finally:
+        store.close()
