@@ -143,10 +143,25 @@ def _columns(con: duckdb.DuckDBPyConnection, qualified: str) -> list[tuple[str, 
 def _closed_select(root: Path, table: str, cols: list[tuple[str, str]], where: str) -> str:
     """The Parquet rows of ``table`` in the stored table's columns and types (``part`` comes
     from the folder name: a table with a column of that name has it written there)."""
-    # cast to the stored types: a union with the DuckDB rows must not widen a column
-    names = ", ".join(f'cast("{name}" as {typ}) as "{name}"' for name, typ in cols)
+    # Cast where Parquet does not give the stored type back (a union with the DuckDB rows must
+    # not widen a column), and only there: a cast column's filters no longer reach the scan.
+    names = ", ".join(f'"{name}"' if _round_trips(typ) and name != "part"
+                      else f'cast("{name}" as {typ}) as "{name}"' for name, typ in cols)
     return (f"select {names} from read_parquet('{_glob(root, table)}', hive_partitioning = true)"
             f" where {where}")
+
+
+_ROUND_TRIP: Final = frozenset({
+    "VARCHAR", "BIGINT", "INTEGER", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT", "BOOLEAN",
+    "DATE", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "BLOB"})
+"""Types a Parquet file written by DuckDB reads back as (others, like DECIMAL and HUGEINT,
+may come back wider or as DOUBLE)."""
+
+
+def _round_trips(typ: str) -> bool:
+    while typ.endswith("[]"):
+        typ = typ[:-2]
+    return typ in _ROUND_TRIP
 
 
 def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str]) -> int:
