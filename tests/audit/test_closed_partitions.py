@@ -18,7 +18,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 import pytest
-from tiled_sample import batches, new_store, tiled_sample
+from tiled_sample import batches, new_store, relation_rows, tiled_sample
 
 import audit
 from audit import _closed, _relations
@@ -48,19 +48,6 @@ def _late_request(raw: dict[str, pa.Table]) -> dict[str, pa.Table]:
     return {"spans": spans, "events": events, "snapshots": raw["raw_snapshots"].slice(0, 0)}
 
 
-def _rows(store: Store, relation: str) -> list[str]:
-    rows = store.query_arrow(f"select * from {relation}").to_pylist()
-    return sorted(repr(sorted((k, _norm(v)) for k, v in r.items())) for r in rows)
-
-
-def _norm(v: Any) -> Any:
-    if isinstance(v, float):
-        return None if v != v else round(v, 6)
-    if isinstance(v, (list, tuple)):
-        return tuple(_norm(x) for x in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _norm(x)) for k, x in v.items()))
-    return v
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +114,7 @@ def test_old_partitions_leave_the_duckdb_file(built: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("relation", COMPARED)
 def test_closed_and_open_partitions_give_the_one_shot_relations(built: dict[str, Any], relation: str) -> None:
-    a, b = _rows(built["one"], relation), _rows(built["inc"], relation)
+    a, b = relation_rows(built["one"], relation), relation_rows(built["inc"], relation)
     only_one = sorted(set(a) - set(b))[:2]
     only_inc = sorted(set(b) - set(a))[:2]
     assert len(a) == len(b) and not only_one and not only_inc, (

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from tiled_sample import batches, new_store, tiled_sample
+from tiled_sample import batches, new_store, relation_rows, tiled_sample
 
 from audit import _relations
 from audit._store import Store
@@ -23,20 +22,6 @@ from audit._store import Store
 BATCHES = 16
 
 
-def _norm(v: Any) -> Any:
-    if isinstance(v, float):
-        return None if v != v else round(v, 6)
-    if isinstance(v, (list, tuple)):
-        return tuple(_norm(x) for x in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _norm(x)) for k, x in v.items()))
-    return v
-
-
-def _rows(store: Store, relation: str) -> list[str]:
-    # through the store, as a reader sees it: closed partitions (Parquet) with the DuckDB rows
-    rows = store.query_arrow(f"select * from {relation}").to_pylist()
-    return sorted(repr(_norm(tuple(r.values()))) for r in rows)
 
 
 COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attributes", "slo_targets"}]
@@ -80,7 +65,7 @@ def test_batches_after_the_first_refresh_by_slices(stores: tuple[Store, Store, l
 @pytest.mark.parametrize("relation", COMPARED)
 def test_slices_give_the_one_shot_relations(stores: tuple[Store, Store, list[str]], relation: str) -> None:
     one, inc, _ = stores
-    a, b = _rows(one, relation), _rows(inc, relation)
+    a, b = relation_rows(one, relation), relation_rows(inc, relation)
     only_one = sorted(set(a) - set(b))[:3]
     only_inc = sorted(set(b) - set(a))[:3]
     assert len(a) == len(b) and not only_one and not only_inc, (
@@ -105,7 +90,7 @@ def test_ten_batches_give_the_one_shot_attributions(tmp_path: Path) -> None:
         for batch in batches(raw, seed=7, batches=10):
             inc.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
             inc.refresh()
-        assert _rows(one, "attributions") == _rows(inc, "attributions")
+        assert relation_rows(one, "attributions") == relation_rows(inc, "attributions")
     finally:
         one.close()
         inc.close()

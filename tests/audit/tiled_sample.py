@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -97,3 +98,20 @@ def batches(raw: dict[str, pa.Table], seed: int, batches: int = 16) -> list[dict
     out.insert(resent + 2, {"spans": out[resent]["spans"], "events": out[resent]["events"],
                             "snapshots": out[resent]["snapshots"].slice(0, 0)})
     return out
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, float):
+        return None if v != v else round(v, 6)
+    if isinstance(v, (list, tuple)):
+        return tuple(_norm(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _norm(x)) for k, x in v.items()))
+    return v
+
+
+def relation_rows(store: Store, relation: str) -> list[str]:
+    """A relation's rows as a reader of the store sees them (closed partitions with the DuckDB
+    rows), each a comparable string (floats to 6 places), sorted."""
+    rows = store.query_arrow(f"select * from {relation}").to_pylist()
+    return sorted(repr(sorted((k, _norm(v)) for k, v in r.items())) for r in rows)
