@@ -1033,9 +1033,10 @@ def run_whatif(db: Path, *, policy: str, run: str | None = None, since: str | No
         for label, cfg, run_id in plans:
             say(f"simulating {len(requests)} requests under {cfg.router.policy} on "
                 f"{cfg.n_replicas} replicas ({label}, run {run_id})")
+            # a replay needs the outcomes, not the testbed's labels of them (about twice as fast)
             sim = testbed.Simulation(requests, cfg, seed=seed, scenario=label,
                                      emitter=emitter() if emitter else None,
-                                     progress=progress, run_id=run_id)
+                                     progress=progress, run_id=run_id, ground_truth=False)
             try:
                 sim.run()
             finally:
