@@ -10,6 +10,7 @@ import pytest
 
 from audit._errors import QueryError
 from audit._slices import Slice, install_slice, owned_rows_sql, partition_of
+from audit._store import _tune
 from routeaudit._demo import write_sample_store
 
 SLICE_NS = 60 * 10**9
@@ -44,6 +45,7 @@ def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.Du
     con.close()
     write_sample_store(path)
     con = duckdb.connect(str(path), read_only=True)
+    _tune(con)  # as every store connection is (the ASOF joins' plans)
     yield con
     con.close()
 
