@@ -295,7 +295,11 @@ def _router_view(stack: Stack, target: str) -> dict[str, dict[str, Any]]:
         "arg_max(router_in_flight, scraped_ns) as in_flight, "
         "arg_max(router_healthy, scraped_ns) as healthy, "
         "bool_and(source = 'router') as all_router, bool_and(running is null) as no_engine "
-        "from snapshots where target = ? and ok group by replica", [target])
+        "from snapshots where target = ? and ok "
+        # a router that has not registered its metric families yet (vllm-router at start)
+        # answers like an engine that knows nothing: an empty row about itself, no worker data
+        "and (source = 'router' or running is not null or waiting is not null "
+        "or kv_usage is not null) group by replica", [target])
     return {r["replica"]: r for r in rows}
 
 
