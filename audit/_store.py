@@ -244,11 +244,13 @@ class Store:
                         self._count_moved(-moved.spans)
                         if moved.partitions:
                             self._partitions_moved()
-                        self.closed_until_ns = _closed.closed_until_ns(cur)
                         self.last_close_error = None
                     except (duckdb.Error, OSError) as exc:
                         # the refresh stands; the partitions stay open and close next time
                         self.last_close_error = _one_line(exc) or type(exc).__name__
+                if self._closes:
+                    # a full rebuild or a late row may have re-opened partitions
+                    self.closed_until_ns = _closed.closed_until_ns(cur)
             except BaseException as exc:
                 self._dirty = True
                 if self.last_refresh_kind != "full":

@@ -129,6 +129,7 @@ def test_a_late_request_reopens_its_partitions_and_they_close_again(built: dict[
     assert late.column("n")[0].as_py() == 1
     # closed again after the refresh, up to the same horizon
     assert _closed.closed_until(inc._con) == built["before_late"]["closed_until"]
+    assert inc.closed_until_ns == _closed.closed_until_ns(inc._con)
     root = _closed.folder(inc.path)
     until = _closed.closed_until(inc._con)
     assert until is not None
@@ -225,6 +226,8 @@ def test_an_upgrade_adding_a_raw_column_reopens_closed_partitions(built: dict[st
     store = Store(path, incremental=True)
     try:
         assert _closed.closed_until(store._con) is None
+        store.refresh()
+        assert store.closed_until_ns == _closed.closed_until_ns(store._con)
         assert store.query_arrow("select count(*) as n from raw_spans").column("n")[0].as_py() == n
         assert store.relations_lag_spans == 0
     finally:
