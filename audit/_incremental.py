@@ -222,6 +222,11 @@ def _key_sets(con: duckdb.DuckDBPyConnection, side: str, schema: str, requests_w
                     f"select {key} from {schema}.{relation} where {of_requests}")
 
 
+GROWING_KEYS: Final = {"herding_episodes": "episode_id"}
+"""Partition-owned relations whose row can move to a later partition as new rows join it (an
+episode's partition is its latest member's): a slice that recomputes the row replaces the stored
+row of the same key wherever it was."""
+
 _KEYED: Final = {"request": ("request_key", "requests"), "decision": ("decision_key", "decisions"),
                   "trace": ("trace_id", "traces"), "span": ("span_id", "spans")}
 """Ownership kinds decided by a key set :func:`_key_sets` prepares: (key column, set name)."""
@@ -304,9 +309,14 @@ def refresh(con: duckdb.DuckDBPyConnection,
                     raise StoreError(f"{table} has no key a slice can own its rows by")
                 whole.append((relation, table, names))
                 continue
+            grown = ""
+            if kind == "part" and relation in GROWING_KEYS:
+                key = GROWING_KEYS[relation]
+                grown = (f" or {key} in (select {key} from temp.main.{relation} "
+                         f"where {_owned(kind, 'new', t0, parts)})")
             con.execute(f"delete from {main}.{table} "
                         f"where {_owned(kind, 'old', t0, parts)} "
-                        f"or {_owned(kind, 'new', t0, parts)}")
+                        f"or {_owned(kind, 'new', t0, parts)}{grown}")
             order = " order by anchor_ns, request_key" if "anchor_ns" in cols else ""
             con.execute(f"insert into {main}.{table} ({names}) "
                         f"select {names} from temp.main.{relation} "

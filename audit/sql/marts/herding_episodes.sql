@@ -2,6 +2,8 @@
 -- router) sent to one replica on the same telemetry sample of it, while the routers' pending
 -- counts left some of those assignments unreflected. true_waiting_last is the replica's true
 -- queue when the episode's last decision was made; slow_requests counts its slow members.
+-- part is the latest partition among its members' requests: an incremental refresh that
+-- recomputes a member recomputes its episode.
 with
 
 assessed as (
@@ -23,6 +25,7 @@ episodes as (
         c.run_id,
         c.replica,
         c.chosen_telemetry_ts as telemetry_ts,
+        max(c.part) as part,
         min(c.decided_at) as started_at,
         max(c.decided_at) as ended_at,
         count(*) as decisions,
