@@ -283,6 +283,12 @@ def refresh(con: duckdb.DuckDBPyConnection,
             on_plan(pl)
         spans = int(con.execute("select count(*) from raw_spans").fetchall()[0][0])
         _restrict_raw(con, db, pl, parts)
+        # The requests anchored before t0 are context: other rows read them, none is stored.
+        # The settings the slice's relations read say so (stg_partitioning.judge_from_ns), and
+        # the costliest per-candidate work skips them.
+        con.execute(f"create or replace temp view routeaudit_meta as "
+                    f"select * from {main}.routeaudit_meta where key <> 'judge_from_ns' "
+                    f"union all select 'judge_from_ns', '{int(pl.t0_ns)}'")
         for rel in rels:
             kind = "view" if rel.name in as_views else "table"
             body = rel.sql.strip().rstrip(";")

@@ -11,8 +11,16 @@ with
 all_requests as (
     select
         request_key,
+        anchor_ns,
         input_tokens
     from requests
+),
+
+judged_from as (
+    -- set inside an incremental refresh's slice only: requests anchored earlier are context
+    -- there (read by other rows, never stored), so their alternatives' prefix history is not
+    -- looked up
+    select judge_from_ns from stg_partitioning
 ),
 
 all_decisions as (
@@ -222,26 +230,76 @@ prefix_served as (
     group by all
 ),
 
-candidate_blocks as (
-    -- every other candidate of a final decision whose span carries prefix hashes, one row per
-    -- block with its position: what that replica could have held of this prompt. Only final
-    -- decisions (the attempts judged) and not the replica that ran it (its report is a fact)
+candidate_alternatives as (
+    -- every other candidate of a final decision whose span carries prefix hashes: what that
+    -- replica could have held of this prompt. Only final decisions (the attempts judged) and
+    -- not the replica that ran it (its report is a fact)
     select
         c.decision_key,
         c.replica,
         d.decided_at,
-        len(p.prefix_hashes) as n_blocks,
-        unnest(p.prefix_hashes) as block_hash,
-        unnest(range(1, len(p.prefix_hashes) + 1)) as block_pos
+        len(p.prefix_hashes) as n_blocks
     from candidates_resolved as c
     inner join decisions_resolved as d
         on c.decision_key = d.decision_key
     inner join decision_prefixes as p
         on d.request_key = p.request_key
         and d.decision_span_id = p.decision_span_id
+    inner join all_requests as r
+        on d.request_key = r.request_key
+    cross join judged_from as j
     where
         d.is_final
         and c.replica is distinct from d.exec_replica
+        and (j.judge_from_ns is null or r.anchor_ns >= j.judge_from_ns)
+),
+
+final_decision_blocks as (
+    -- each block of a final decision's prompt with its position, once per decision
+    select
+        d.decision_key,
+        unnest(p.prefix_hashes) as block_hash,
+        unnest(range(1, len(p.prefix_hashes) + 1)) as block_pos
+    from decisions_resolved as d
+    inner join decision_prefixes as p
+        on d.request_key = p.request_key
+        and d.decision_span_id = p.decision_span_id
+    where d.is_final
+),
+
+served_pairs as (
+    select distinct
+        replica,
+        block_hash
+    from served_blocks
+),
+
+served_decision_blocks as materialized (
+    -- each block of a final decision's prompt on every replica that ever served it (joined
+    -- first: most of a prompt's blocks were never served on most replicas)
+    select
+        b.decision_key,
+        v.replica,
+        b.block_hash,
+        b.block_pos
+    from final_decision_blocks as b
+    inner join served_pairs as v
+        on b.block_hash = v.block_hash
+),
+
+candidate_blocks as (
+    -- a candidate's blocks that its replica ever served: the only ones the ASOF match below can
+    -- find (a block it never served is not held)
+    select
+        a.decision_key,
+        a.replica,
+        a.decided_at,
+        b.block_hash,
+        b.block_pos
+    from served_decision_blocks as b
+    inner join candidate_alternatives as a
+        on b.decision_key = a.decision_key
+        and b.replica = a.replica
 ),
 
 candidate_served_blocks as (
@@ -286,17 +344,23 @@ candidate_prefix_held as (
     -- been evicted by the traffic since, and counting it as held made alternatives look
     -- better than they were (false misrouting); recent service is evidence, older is not
     select
-        decision_key,
-        replica,
-        any_value(n_blocks) as prefix_n_blocks,
-        coalesce(
+        a.decision_key,
+        a.replica,
+        a.n_blocks as prefix_n_blocks,
+        coalesce(h.held_blocks, 0) as prefix_held_blocks
+    from candidate_alternatives as a
+    left join (
+        select
+            decision_key,
+            replica,
             max(block_pos) filter (
                 where served_at >= decided_at - interval 30 second
-            ),
-            0
-        ) as prefix_held_blocks
-    from candidate_blocks_served
-    group by all
+            ) as held_blocks
+        from candidate_blocks_served
+        group by decision_key, replica
+    ) as h
+        on a.decision_key = h.decision_key
+        and a.replica = h.replica
 ),
 
 candidates_with_state as (

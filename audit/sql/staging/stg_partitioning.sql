@@ -11,7 +11,8 @@ settings as (
         max(try_cast(value as bigint)) filter (where key = 'window_partitions')
             as window_partitions,
         max(try_cast(value as double)) filter (where key = 'lateness_s') as lateness_s,
-        max(try_cast(value as double)) filter (where key = 'max_request_s') as max_request_s
+        max(try_cast(value as double)) filter (where key = 'max_request_s') as max_request_s,
+        max(try_cast(value as bigint)) filter (where key = 'judge_from_ns') as judge_from_ns
     from routeaudit_meta
 ),
 
@@ -25,7 +26,10 @@ final as (
         -- the watermark is the newest span start minus this, seconds
         coalesce(lateness_s, 30.0) as lateness_s,
         -- a request receives no span later than this after its anchor, seconds
-        coalesce(max_request_s, 600.0) as max_request_s
+        coalesce(max_request_s, 600.0) as max_request_s,
+        -- set only inside an incremental refresh's slice (never stored): requests anchored
+        -- before it are context there, read but not judged
+        judge_from_ns
     from settings
 )
 
