@@ -396,6 +396,13 @@ def summarise(args: argparse.Namespace, samples: list[Sample], requests: int, ac
               f"from {args.warmup_s:g} s: p50 {_pct(lags, 0.5):.1f} s, p99 {_pct(lags, 0.99):.1f} s, "
               f"max {max(lags):.1f} s (goal p99 <= 10 s: {'met' if _pct(lags, 0.99) <= 10 else 'missed'}); "
               f"verdict age p50 {_pct(ages, 0.5):.1f} s, max {max(ages):.1f} s")
+    for lo in range(0, math.ceil(end), 300):
+        part = [s for s in samples if lo < s.t_s <= min(end, lo + 300) and s.lag_s is not None]
+        if part:
+            lag5 = [s.lag_s for s in part if s.lag_s is not None]
+            print(f"    minutes {lo // 60}-{min(end, lo + 300) / 60:.0f}: lag p50 {_pct(lag5, 0.5):.1f} s, "
+                  f"p99 {_pct(lag5, 0.99):.1f} s, max {max(lag5):.1f} s; refreshes "
+                  f"{part[-1].refreshes - part[0].refreshes}, load {statistics.mean(s.load1 for s in part):.1f}")
     behind = [s.behind_ms for s in samples if s.t_s <= end]
     if behind:
         print(f"  senders: handed requests to the SDK at most {max(behind) / 1e3:.1f} s after their "
