@@ -1,7 +1,11 @@
 -- int_attr_candidates_resolved: one row per candidate replica per decision (grain: request_key,
 -- attempt, decision_span_id, replica; decision_key stands for the decision): what the router
 -- recorded about the candidate or, for a decision recorded without candidates, every replica of
--- its run as the last /metrics scrape before the decision showed it (evidence_source says which).
+-- its run (evidence_source says which). A reconstructed candidate's view is the deciding
+-- router's own /metrics row about the worker when there is one (int_attr_candidates_router_view:
+-- seen_pending = the router's requests in flight there, the engine load it re-exports, the
+-- row's time and age), else the engines' last scrape at or before the decision. Either is what
+-- the router saw or could have seen, never the replica's true state.
 -- pending_total: the sum of the recorded candidates' pending counts of the decision; a router
 -- counts its own assignments not yet in telemetry, so within one instant the smaller total was
 -- decided first.
@@ -75,6 +79,10 @@ scrapes as (
     select * from int_attr_replica_scrapes
 ),
 
+router_view as (
+    select * from int_attr_candidates_router_view
+),
+
 reconstructed_pairs as (
     select
         d.decision_key,
@@ -110,14 +118,18 @@ candidates_reconstructed as (
         true as eligible,
         cast(null as varchar) as excluded_reason,
         (p.replica is not distinct from p.chosen_replica) as chosen,
-        s.waiting as seen_waiting,
-        s.running as seen_running,
-        s.kv_usage as seen_kv_usage,
+        -- the router's own row, field by field as the router exposes it; else the engines'
+        case when v.replica is null then s.waiting else v.waiting end as seen_waiting,
+        case when v.replica is null then s.running else v.running end as seen_running,
+        case when v.replica is null then s.kv_usage else v.kv_usage end as seen_kv_usage,
         cast(null as bigint) as seen_remaining_tokens,
-        cast(null as bigint) as seen_pending,
-        s.scraped_at as telemetry_ts,
-        date_diff('microsecond', s.scraped_at, p.decided_at) / 1000.0
-            as telemetry_age_ms,
+        cast(round(v.router_in_flight) as bigint) as seen_pending,
+        case when v.replica is null then s.scraped_at else v.view_ts end as telemetry_ts,
+        case
+            when v.replica is null
+                then date_diff('microsecond', s.scraped_at, p.decided_at) / 1000.0
+            else v.view_age_ms
+        end as telemetry_age_ms,
         cast(null as bigint) as predicted_cached_tokens,
         cast(null as double) as router_est_queue_ms,
         cast(null as double) as router_est_prefill_ms,
@@ -127,6 +139,9 @@ candidates_reconstructed as (
     asof left join scrapes as s
         on p.replica = s.replica
         and p.decided_at >= s.scraped_at
+    left join router_view as v
+        on p.decision_key = v.decision_key
+        and p.replica = v.replica
 ),
 
 candidates_resolved as (
