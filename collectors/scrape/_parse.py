@@ -125,23 +125,39 @@ def _rank(labels: dict[str, str]) -> int | None:
 
 
 def parse_metrics(
-    text: str, target: str, scraped_ns: int, scrape_ms: float | None = None
+    text: str, target: str, scraped_ns: int, scrape_ms: float | None = None, *,
+    router: bool = False,
 ) -> list[dict[str, Any]]:
     """Rows found in ``text``: one per DP rank of the scraped engine (one row with dp_rank null
     when unranked), then one per worker (and rank) a router labels, in replica order.
 
     Per replica, values without a rank label fill the fields its ranked rows lack. A target with
-    nothing known gives one row for itself (all fields null), unless it is a router
-    (:data:`ROUTER_PREFIXES`): a router gives only its workers' rows, none while it names no
-    worker. Unknown metrics are ignored; text that does not parse gives one failed row.
+    nothing known gives one row for itself (all fields null), unless it is a router: its text
+    has a :data:`ROUTER_PREFIXES` family, or ``router`` says the target answered as one before
+    (a router that has not registered its families, or no longer has them, answers like an
+    engine that knows nothing). A router gives only its workers' rows, none while it names no
+    worker. An answer with no metric family at all (vllm-router's first answers after start)
+    says nothing about the target: no row. Unknown metrics are ignored; text that does not
+    parse gives one failed row.
     """
+    return parse_scrape(text, target, scraped_ns, scrape_ms, router=router)[0]
+
+
+def parse_scrape(
+    text: str, target: str, scraped_ns: int, scrape_ms: float | None = None, *,
+    router: bool = False,
+) -> tuple[list[dict[str, Any]], bool]:
+    """:func:`parse_metrics`' rows, and whether ``text`` showed the target to be a router (a
+    :data:`ROUTER_PREFIXES` family; ``router`` is passed through when it did not)."""
     # (source, replica or None = the target) -> rank -> field -> (priority, value)
     groups: dict[tuple[str, str | None], dict[int | None, dict[str, tuple[int, float]]]] = {}
     models: dict[tuple[str, str | None, int | None], str] = {}
-    router = False
+    seen_router = False
+    answered = False  # the text has at least one metric family
     try:
         for family in text_string_to_metric_families(text):
-            router = router or family.name.startswith(ROUTER_PREFIXES)
+            answered = True
+            seen_router = seen_router or family.name.startswith(ROUTER_PREFIXES)
             for sample in family.samples:
                 hit = _BY_NAME.get(sample.name)
                 if hit is None:
@@ -170,8 +186,9 @@ def parse_metrics(
                     fields[fld] = (prio, old[1] + value if fld in _SUMMED else max(old[1], value))
     except Exception as exc:  # prometheus_client raises ValueError and friends on bad text
         return [failed_row(target, scraped_ns, f"parse error: {type(exc).__name__}: {exc}",
-                           scrape_ms)]
-    if not groups and not router:
+                           scrape_ms)], router or seen_router
+    router = router or seen_router
+    if not groups and not router and answered:
         groups = {("replica", None): {}}  # the engine answered: its (empty) row says so
     rows = []
     for key in sorted(groups, key=lambda k: (k[0] != "replica", k[1] is not None, k[1] or "")):
@@ -192,7 +209,7 @@ def parse_metrics(
             for fld, (_, value) in fields.items():
                 row[fld] = (None if value < 0 else value > 0) if fld == "router_healthy" else value
             rows.append(row)
-    return rows
+    return rows, router
 
 
 def to_table(rows: list[dict[str, Any]]) -> pa.Table:

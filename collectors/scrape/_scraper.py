@@ -12,7 +12,7 @@ from typing import Any, Final
 import httpx
 import pyarrow as pa
 
-from ._parse import failed_row, parse_metrics, to_table
+from ._parse import failed_row, parse_scrape, to_table
 
 DEFAULT_TIMEOUT_S: Final = 2.0
 """Per-scrape HTTP timeout ceiling, seconds (also capped at the interval)."""
@@ -32,7 +32,9 @@ class Scraper:
     """Scrape every target each ``interval_s`` and hand one Arrow table per round to ``sink``.
 
     Targets are scraped concurrently; a target that fails or times out yields a row with
-    ``ok = false``. ``sink`` is called from the scraper thread and must not block for long;
+    ``ok = false``. A target that once answered as a router is remembered as one: an answer
+    without its router families later (a router not yet, or no longer, registering them) gives
+    no row about the target itself. ``sink`` is called from the scraper thread and must not block for long;
     its exceptions are logged and counted (:attr:`sink_errors`), never fatal. ``clock`` gives
     ``scraped_ns`` (Unix ns). ``start()`` and ``stop()`` are idempotent.
     """
@@ -60,6 +62,8 @@ class Scraper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._routers: set[str] = set()  # targets whose answer was a router's
+        self._routers_lock = threading.Lock()
 
     def scrape_once(self, http: httpx.Client | None = None) -> pa.Table:
         """Scrape all targets now and return the table (no sink call)."""
@@ -85,7 +89,12 @@ class Scraper:
             now = self.clock()
             if resp.status_code != 200:
                 return [failed_row(target, now, f"HTTP {resp.status_code}", ms)]
-            return parse_metrics(resp.text, target, now, ms)
+            known = target in self._routers
+            rows, router = parse_scrape(resp.text, target, now, ms, router=known)
+            if router and not known:
+                with self._routers_lock:
+                    self._routers.add(target)
+            return rows
         except Exception as exc:
             ms = (time.perf_counter() - t0) * 1e3
             return [failed_row(target, self.clock(), f"{type(exc).__name__}: {exc}", ms)]

@@ -64,7 +64,11 @@ def store(captures: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     rows += _engine_rows(t[0] - 1000 * MS, waiting=5)
     rows.append(failed_row(ROUTER_A, t[0] - 2000 * MS, "ConnectError: refused"))
     # a router whose families are not registered yet answers like an engine knowing nothing
-    rows += parse_metrics("# nothing yet\n", ROUTER_A, t[0] - 5 * MS)
+    # (the scraper writes such a row until it has seen the target answer as a router)
+    self_row = parse_metrics("# TYPE process_cpu_seconds_total counter\n"
+                             "process_cpu_seconds_total 1\n", ROUTER_A, t[0] - 5 * MS)
+    assert [r["source"] for r in self_row] == ["replica"]
+    rows += self_row
     rows += _router_rows(ROUTER_A, _between(t, 1), {WORKERS[0]: 1, WORKERS[1]: 2})
     rows += _router_rows(ROUTER_A, _between(t, 3), {WORKERS[0]: 3})  # names only one worker
     rows.append(failed_row(ROUTER_A, _between(t, 6), "ReadTimeout: timed out"))

@@ -248,3 +248,72 @@ def test_config_validation() -> None:
         Scraper([], 1.0, lambda t: None)
     with pytest.raises(ValueError):
         Scraper(["h:1"], 0, lambda t: None)
+
+
+VLLM_ROUTER_HEALTH = ('# TYPE vllm_router_worker_health gauge\n'
+                      'vllm_router_worker_health{worker="http://127.0.0.1:18001"} 1\n')
+PROCESS_ONLY = "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.5\n"
+
+
+def test_an_answer_without_any_family_or_from_a_known_router_gives_no_self_row() -> None:
+    # vllm-router's first answers after start are empty bodies: they say nothing of the target
+    assert parse_metrics("", "gw:29001", 1) == []
+    assert parse_metrics("# nothing registered\n", "gw:29001", 1) == []
+    # families, none known: an engine that knows nothing, unless the target is a known router
+    (row,) = parse_metrics(PROCESS_ONLY, "gw:29001", 1)
+    assert row["replica"] == "gw:29001" and row["source"] == "replica" and row["ok"]
+    assert parse_metrics(PROCESS_ONLY, "gw:29001", 1, router=True) == []
+    # a known router's workers' rows are kept, and a known router's parse error still says so
+    (w,) = parse_metrics(VLLM_ROUTER_HEALTH, "gw:29001", 1, router=True)
+    assert w["source"] == "router" and w["replica"] == "127.0.0.1:18001"
+    (bad,) = parse_metrics("x{a=\"1\" 1\n", "gw:29001", 1, router=True)
+    assert bad["ok"] is False and bad["replica"] == "gw:29001"
+
+
+class _RouterHandler(BaseHTTPRequestHandler):
+    """Answers with the body the server holds: a router registering and dropping families."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = self.server.body.encode()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("content-type", "text/plain")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_scraper_remembers_a_target_that_answered_as_a_router() -> None:
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _RouterHandler) for _ in range(2)]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for s, t in zip(servers, threads, strict=True):
+        s.daemon_threads = True
+        t.start()
+    router, engine = (f"127.0.0.1:{s.server_address[1]}" for s in servers)
+    scraper = Scraper([router, engine], 1.0, lambda t: None, clock=lambda: 5, timeout_s=2.0)
+
+    def round_(router_body: str) -> set[tuple[str, str, str]]:
+        servers[0].body = router_body  # type: ignore[attr-defined]
+        servers[1].body = PROCESS_ONLY  # type: ignore[attr-defined]
+        rows = scraper.scrape_once().to_pylist()
+        got = [(r["target"], r["replica"], r["source"]) for r in rows]
+        assert len(set(got)) == len(got)
+        return set(got)
+
+    try:
+        own = (engine, engine, "replica")  # the engine that knows nothing keeps its row
+        # not known yet: the router's process-only answer reads like an engine's
+        assert round_(PROCESS_ONLY) == {own, (router, router, "replica")}
+        assert round_(VLLM_ROUTER_HEALTH) == {(router, "127.0.0.1:18001", "router"), own}
+        # known now: an answer without its families gives no row about the router itself
+        assert round_(PROCESS_ONLY) == {own}
+        assert round_("") == {own}
+        assert round_(VLLM_ROUTER_HEALTH + PROCESS_ONLY) == {
+            (router, "127.0.0.1:18001", "router"), own}
+    finally:
+        for s, t in zip(servers, threads, strict=True):
+            s.shutdown()
+            s.server_close()
+            t.join(5)
