@@ -122,15 +122,24 @@ def _check_decisions(stack: Stack, rows: dict[str, dict[str, Any]], dialect: str
 
 
 def _check_reconstructed(stack: Stack, rows: dict[str, dict[str, Any]],
-                         routed_only: bool = True) -> None:
-    """No decision inputs recorded: the telemetry view is rebuilt from scraped snapshots, one
-    candidate per replica of the run, each flagged ``reconstructed``."""
+                         routed_only: bool = True, router_target: str | None = None) -> None:
+    """No decision inputs recorded: the telemetry view is rebuilt, one candidate per replica of
+    the run, each flagged ``reconstructed``. With the router's /metrics scraped
+    (``router_target``), a candidate's view is the router's latest row about the worker at or
+    before the decision (its in-flight count as ``seen_pending``), else the engines' scrape."""
     ids = [rid for rid, r in rows.items() if r["has_router"] or not routed_only]
     reader = stack.reader(SLO(ttft_ms=0.001, tpot_ms=0.001))  # every request is slow
     cands = reader.query(
-        "select request_id, replica, chosen, seen_waiting, seen_running, telemetry_ts, "
-        "telemetry_age_ms, evidence_source from int_attr_candidates_assessed "
-        "where request_id in (select unnest(?::varchar[]))", [ids]).rows(named=True)
+        "select c.request_id, c.replica, c.chosen, c.seen_waiting, c.seen_running, "
+        "c.seen_pending, c.telemetry_ts, c.telemetry_age_ms, c.evidence_source, "
+        "d.decided_at, v.view_source, v.view_target, v.view_ts, v.router_in_flight, "
+        "v.router_healthy, v.waiting as v_waiting, v.running as v_running "
+        "from int_attr_candidates_assessed as c "
+        "inner join int_attr_decisions_resolved as d on d.request_key = c.request_key "
+        "and d.is_final "
+        "left join int_attr_candidates_router_view as v "
+        "on v.decision_key = d.decision_key and v.replica = c.replica "
+        "where c.request_id in (select unnest(?::varchar[]))", [ids]).rows(named=True)
     per: dict[str, list[dict[str, Any]]] = {}
     for c in cands:
         per.setdefault(c["request_id"], []).append(c)
@@ -141,7 +150,21 @@ def _check_reconstructed(stack: Stack, rows: dict[str, dict[str, Any]],
         assert [c["replica"] for c in cs if c["chosen"]] == [rows[rid]["chosen_replica"]], rid
         for c in cs:
             assert c["telemetry_ts"] is not None and c["telemetry_age_ms"] >= 0, (rid, c)
-            assert c["seen_waiting"] is not None and c["seen_running"] is not None, (rid, c)
+            if c["view_source"] is None:  # the engines' scrape
+                assert c["seen_waiting"] is not None and c["seen_running"] is not None, (rid, c)
+                continue
+            # the router's own row: read at or before the decision, never the engine's state
+            assert c["view_source"] == "router_metrics" and c["view_target"] == router_target
+            assert c["telemetry_ts"] == c["view_ts"] <= c["decided_at"], (rid, c)
+            assert c["router_healthy"] is not False, (rid, c)
+            # engine load only where the router re-exports it (neither does for these replicas)
+            assert (c["seen_waiting"], c["seen_running"]) == (c["v_waiting"], c["v_running"])
+            assert c["seen_pending"] == (None if c["router_in_flight"] is None
+                                         else round(c["router_in_flight"])), (rid, c)
+    if router_target is not None:
+        # the router's /metrics is scraped every 0.2 s while the requests take about 2 s
+        viewed = [rid for rid, cs in per.items() if any(c["view_source"] for c in cs)]
+        assert len(viewed) >= len(ids) // 2, (len(viewed), len(ids))
     attr = reader.query(
         "select request_id, cause, evidence_source from attributions "
         "where request_id in (select unnest(?::varchar[]))", [ids]).rows(named=True)
@@ -174,7 +197,7 @@ def test_smg_requests_link_to_the_replica_that_served_them(scraped_stack: Stack,
     if policy == "round_robin":
         assert set(truth.values()) == set(stack.replica_ids)
     _check_decisions(stack, rows, "smg")
-    _check_reconstructed(stack, rows)
+    _check_reconstructed(stack, rows, router_target=router.metrics_url)
 
 
 @needs_smg
@@ -227,7 +250,7 @@ def test_vllm_router_requests_link_and_lost_spans_are_flagged(scraped_stack: Sta
     assert routed_now >= routed
     assert len(missing) == len(ids) - routed_now
     _check_decisions(stack, rows, "vllm_router")
-    _check_reconstructed(stack, rows)
+    _check_reconstructed(stack, rows, router_target=router.metrics_url)
 
 
 @needs_vllm_router
@@ -295,11 +318,7 @@ def _router_view(stack: Stack, target: str) -> dict[str, dict[str, Any]]:
         "arg_max(router_in_flight, scraped_ns) as in_flight, "
         "arg_max(router_healthy, scraped_ns) as healthy, "
         "bool_and(source = 'router') as all_router, bool_and(running is null) as no_engine "
-        "from snapshots where target = ? and ok "
-        # a router that has not registered its metric families yet (vllm-router at start)
-        # answers like an engine that knows nothing: an empty row about itself, no worker data
-        "and (source = 'router' or running is not null or waiting is not null "
-        "or kv_usage is not null) group by replica", [target])
+        "from snapshots where target = ? and ok group by replica", [target])
     return {r["replica"]: r for r in rows}
 
 
