@@ -160,3 +160,37 @@ def test_recorded_decisions_keep_their_own_view(make_store: Any) -> None:
     got = query(st, "select replica, seen_pending, evidence_source from "
                     "int_attr_candidates_resolved order by replica")
     assert got.rows() == [("127.0.0.1:18001", 1, "recorded"), ("127.0.0.1:18002", None, "recorded")]
+
+
+def test_slices_give_the_one_shot_router_view(store: Any) -> None:
+    """The slice property: a slice reads raw rows from its margin before it up to its margin
+    after it; a router's rows after a decision (the second router appearing, a failure) must
+    not change that decision's view."""
+    from audit._slices import Slice, install_slice, owned_rows_sql
+
+    st, t = store
+    width = 40 * MS
+    relations = ["int_attr_candidates_router_view", "int_attr_candidates_resolved"]
+    whole: dict[str, list[str]] = {}
+    sliced: dict[str, list[str]] = {r: [] for r in relations}
+    con = st._con.cursor()  # the store tuned its connection (cursors inherit it)
+    try:
+        for rel in relations:
+            whole[rel] = sorted(repr(r) for r in con.execute(f"select * from {rel}").fetchall())
+        start = t[0] - t[0] % width
+        for lo in range(start, t[-1] + 1, width):
+            cur = st._con.cursor()
+            try:
+                sl = Slice(lo, lo + width, 3000 * MS, 0)
+                install_slice(cur, sl)
+                for rel in relations:
+                    cols = [r[0] for r in cur.execute(f"describe {rel}").fetchall()]
+                    sliced[rel] += [repr(r) for r in cur.execute(
+                        owned_rows_sql(rel, sl, cols)).fetchall()]
+            finally:
+                cur.close()
+    finally:
+        con.close()
+    for rel in relations:
+        assert whole[rel], rel
+        assert sorted(sliced[rel]) == whole[rel], rel
