@@ -10,7 +10,7 @@ rebuilt from its raw rows in another order, in three batches, on one thread: pri
 that differ; ``--no-determinism`` skips it).
 
     python3 benchmarks/attribution_accuracy.py [--requests 1000] [--seed 0]
-        [--scenarios baseline,mixed] [--workdir DIR] [--reuse] [--ttft-slo-ms MS]
+        [--scenarios baseline,mixed] [--workdir DIR] [--reuse] [--ttft-slo-ms MS] [--wrong N]
 
 Like with like:
 * One principle. Both sides size every cause as a counterfactual saving (how much lower the
@@ -144,6 +144,7 @@ def audit_primary(db: Path, slo: Any) -> tuple[pl.DataFrame, float, float]:
                 a.cause as audit_cause,
                 a.sub_kind as audit_sub_kind,
                 a.excess_ms as audit_excess_ms,
+                a.evidence as audit_evidence,
                 j.needs_attribution as audit_slow
             from requests as r
             left join int_attr_requests_judged as j using (request_key)
@@ -268,6 +269,30 @@ def confusion(df: pl.DataFrame) -> pl.DataFrame:
             .sort("gt_cause"))
 
 
+def wrong_verdicts(df: pl.DataFrame, per_pair: int) -> list[str]:
+    """The confusion pairs (truth primary != audit primary), most frequent first, each with the
+    evidence text of up to ``per_pair`` of its requests and the ground truth's saving per
+    cause: where the largest errors come from."""
+    wrong = df.filter(pl.col("gt_cause") != pl.col("audit_cause"))
+    if wrong.is_empty():
+        return []
+    out = ["  wrong verdicts (truth -> audit: count; examples with evidence)"]
+    pairs = (wrong.group_by("gt_cause", "audit_cause").len()
+             .sort(["len", "gt_cause", "audit_cause"], descending=[True, False, False]))
+    gt_ms = [c for c in df.columns if c.startswith("gt_ms_")]
+    for pair in pairs.iter_rows(named=True):
+        out.append(f"    {pair['gt_cause']} -> {pair['audit_cause']}: {pair['len']}")
+        examples = (wrong.filter((pl.col("gt_cause") == pair["gt_cause"])
+                                 & (pl.col("audit_cause") == pair["audit_cause"]))
+                    .sort("request_id").head(per_pair))
+        for r in examples.iter_rows(named=True):
+            truth = ", ".join(f"{c[6:]} {r[c]:.0f}" for c in gt_ms if r[c])
+            out.append(f"      {r['request_id']} ttft {r['gt_ttft_ms'] or 0:.0f} ms; truth "
+                       f"[{truth}]; audit {r['audit_sub_kind'] or ''}: "
+                       f"{r['audit_evidence'] or '(no row)'}")
+    return out
+
+
 def _fmt(x: Any) -> str:
     return "   -" if x is None else f"{x:5.2f}"
 
@@ -309,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-determinism", action="store_true",
                     help="skip rebuilding each store from its raw rows in another order to "
                          "compare every primary verdict")
+    ap.add_argument("--wrong", type=int, default=0, metavar="N",
+                    help="print every confusion pair per scenario with the evidence of up to N "
+                         "of its requests")
     ap.add_argument("--dump", type=Path, default=None,
                     help="write the joined per-request rows (all scenarios) to this Parquet file")
     args = ap.parse_args(argv)
@@ -337,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             timings = {"replay": replay_s, "refresh": refresh_s, "query": query_s}
             block = report(f"{scenario} (TTFT SLO {slo.ttft_ms:.0f} ms, no TPOT target)",
                            df, timings)
+            if args.wrong:
+                block.extend(wrong_verdicts(df, args.wrong))
             if not args.no_determinism:
                 differ, total_verdicts = determinism(db, slo, args.seed)
                 unstable += differ

@@ -177,59 +177,6 @@ served_blocks as (
     where e.first_token_at is not null
 ),
 
-needed_served_blocks as (
-    -- only the (replica, block) pairs a shortfall decision looks up: the ASOF match below keeps
-    -- nothing else, and a prefix block shared by most requests is served on every replica
-    select s.*
-    from served_blocks as s
-    semi join (select distinct chosen_replica, block_hash from decision_blocks) as b
-        on s.replica = b.chosen_replica
-        and s.block_hash = b.block_hash
-),
-
-decision_blocks_served as (
-    -- the last time the chosen replica served each block before this prefill started. The
-    -- (replica, block, instant) triple is folded into one orderable key, so the ASOF join is
-    -- one sort-merge instead of one partition per block (several times slower); the match is
-    -- kept only when it is the same replica and block
-    select
-        b.*,
-        case
-            when s.replica = b.chosen_replica and s.block_hash = b.block_hash
-                then s.served_at
-        end as served_at
-    from (
-        select
-            *,
-            (cast(hash(chosen_replica, block_hash) >> 2 as hugeint) << 64)
-            + epoch_us(needed_at) as needed_key
-        from decision_blocks
-    ) as b
-    asof left join (
-        select
-            *,
-            (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
-            + epoch_us(served_at) as served_key
-        from needed_served_blocks
-    ) as s
-        on b.needed_key >= s.served_key
-),
-
-prefix_served as (
-    -- earlier requests sharing prefix blocks with this one were prefilled on the chosen replica
-    -- before this prefill: the replica held (part of) the prefix. Block hashes are chained, so
-    -- the blocks found form a prefix and their count is the longest shared prefix. Looking back
-    -- at most 300 s (which keeps the search linear in the number of requests).
-    select
-        decision_key,
-        max(served_at) as prefix_last_served_at,
-        count(served_at) as prefix_shared_blocks,
-        count(served_at) / any_value(n_blocks) as prefix_shared_frac
-    from decision_blocks_served
-    where served_at >= needed_at - interval 300 second
-    group by all
-),
-
 candidate_alternatives as (
     -- every other candidate of a final decision whose span carries prefix hashes: what that
     -- replica could have held of this prompt. Only final decisions (the attempts judged) and
@@ -302,18 +249,46 @@ candidate_blocks as (
         and b.replica = a.replica
 ),
 
-candidate_served_blocks as (
-    -- only the (replica, block) pairs a candidate looks up
+block_lookups as (
+    -- every (decision, replica, block) whose last service is looked up: the chosen replica's
+    -- blocks of a shortfall decision before its prefill, and each alternative's blocks it ever
+    -- served at the decision instant
+    select
+        'chosen' as side,
+        decision_key,
+        chosen_replica as replica,
+        block_hash,
+        needed_at as looked_up_at,
+        n_blocks,
+        null as block_pos
+    from decision_blocks
+    union all
+    select
+        'alternative' as side,
+        decision_key,
+        replica,
+        block_hash,
+        decided_at as looked_up_at,
+        null as n_blocks,
+        block_pos
+    from candidate_blocks
+),
+
+looked_up_served_blocks as (
+    -- only the (replica, block) pairs looked up: the ASOF match below keeps nothing else, and
+    -- a prefix block shared by most requests is served on every replica
     select s.*
     from served_blocks as s
-    semi join (select distinct replica, block_hash from candidate_blocks) as b
+    semi join (select distinct replica, block_hash from block_lookups) as b
         on s.replica = b.replica
         and s.block_hash = b.block_hash
 ),
 
-candidate_blocks_served as (
-    -- the last time the candidate replica served each block at or before the decision: the
-    -- same folded-key ASOF join as decision_blocks_served
+blocks_served as (
+    -- the last time the replica served each block at or before the instant looked up. The
+    -- (replica, block, instant) triple is folded into one orderable key, so the ASOF join is
+    -- one sort-merge instead of one partition per block (several times slower); the match is
+    -- kept only when it is the same replica and block
     select
         b.*,
         case
@@ -324,17 +299,32 @@ candidate_blocks_served as (
         select
             *,
             (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
-            + epoch_us(decided_at) as needed_key
-        from candidate_blocks
+            + epoch_us(looked_up_at) as needed_key
+        from block_lookups
     ) as b
     asof left join (
         select
             *,
             (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
             + epoch_us(served_at) as served_key
-        from candidate_served_blocks
+        from looked_up_served_blocks
     ) as s
         on b.needed_key >= s.served_key
+),
+
+prefix_served as (
+    -- earlier requests sharing prefix blocks with this one were prefilled on the chosen replica
+    -- before this prefill: the replica held (part of) the prefix. Block hashes are chained, so
+    -- the blocks found form a prefix and their count is the longest shared prefix. Looking back
+    -- at most 300 s (which keeps the search linear in the number of requests).
+    select
+        decision_key,
+        max(served_at) as prefix_last_served_at,
+        count(served_at) as prefix_shared_blocks,
+        count(served_at) / any_value(n_blocks) as prefix_shared_frac
+    from blocks_served
+    where side = 'chosen' and served_at >= looked_up_at - interval 300 second
+    group by decision_key
 ),
 
 candidate_prefix_held as (
@@ -354,9 +344,10 @@ candidate_prefix_held as (
             decision_key,
             replica,
             max(block_pos) filter (
-                where served_at >= decided_at - interval 30 second
+                where served_at >= looked_up_at - interval 30 second
             ) as held_blocks
-        from candidate_blocks_served
+        from blocks_served
+        where side = 'alternative'
         group by decision_key, replica
     ) as h
         on a.decision_key = h.decision_key

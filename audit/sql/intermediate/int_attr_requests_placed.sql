@@ -194,49 +194,92 @@ policy_replayed as (
     group by f.request_key
 ),
 
-policy_choice as (
+policy_bases as (
+    -- the inputs of each policy's rule twice, on the true state and on the router's view, so
+    -- one rule (policy_rule) serves both. On the view: a recorded score decides for the
+    -- policies that score (least_load, power_of_two, qp_cost), else its Q+P when recorded for
+    -- every candidate, else its counts and predictions when it recorded them for every
+    -- candidate; least work in tokens is not on the view
+    select
+        request_key,
+        policy_name,
+        chosen_replica,
+        'true' as basis,
+        cast(null as varchar) as score_replica,
+        least_work_replica,
+        sampled_least_work_replica,
+        scored_candidates,
+        least_qp_replica as qp_replica,
+        true as view_complete,
+        least_requests_replica,
+        min_true_load as min_load,
+        max_true_load as max_load,
+        best_match_replica,
+        best_match_rate
+    from policy_replayed
+    union all
+    select
+        request_key,
+        policy_name,
+        chosen_replica,
+        'view' as basis,
+        view_least_score_replica as score_replica,
+        null as least_work_replica,
+        null as sampled_least_work_replica,
+        0 as scored_candidates,
+        case
+            when view_qp_candidates = replayed_candidates then view_least_qp_replica
+        end as qp_replica,
+        seen_candidates = replayed_candidates as view_complete,
+        view_least_requests_replica as least_requests_replica,
+        min_seen_load as min_load,
+        max_seen_load as max_load,
+        view_best_match_replica as best_match_replica,
+        best_match_rate
+    from policy_replayed
+),
+
+policy_rule as (
+    -- the replica each policy chooses on one basis: null when its inputs are not there
     select
         p.request_key,
         p.policy_name,
         p.chosen_replica,
+        p.basis,
         case
             when p.policy_name in ('round_robin', 'random') then p.chosen_replica
+            when p.policy_name in ('least_load', 'least_loaded', 'power_of_two', 'qp_cost')
+                and p.score_replica is not null
+                then p.score_replica
             when p.policy_name in ('least_load', 'least_loaded') then p.least_work_replica
-            when p.policy_name in ('least_request', 'least_requests')
-                then p.least_requests_replica
             when p.policy_name = 'power_of_two' and p.scored_candidates = 2
                 then p.sampled_least_work_replica
-            when p.policy_name = 'qp_cost' then p.least_qp_replica
+            when p.policy_name = 'qp_cost' then p.qp_replica
+            when not p.view_complete then null
+            when p.policy_name in ('least_request', 'least_requests')
+                then p.least_requests_replica
             when p.policy_name = 'cache_aware' and (
-                p.max_true_load - p.min_true_load > t.cache_aware_balance_abs
-                and p.max_true_load > p.min_true_load * t.cache_aware_balance_rel
+                p.max_load - p.min_load > t.cache_aware_balance_abs
+                and p.max_load > p.min_load * t.cache_aware_balance_rel
             ) then p.least_requests_replica
             when p.policy_name = 'cache_aware'
                 and p.best_match_rate > t.cache_aware_cache_threshold
                 then p.best_match_replica
             when p.policy_name = 'cache_aware' then p.least_requests_replica
-        end as policy_true_replica,
-        case
-            when p.policy_name in ('round_robin', 'random') then p.chosen_replica
-            when p.policy_name in ('least_load', 'least_loaded', 'power_of_two', 'qp_cost')
-                and p.view_least_score_replica is not null
-                then p.view_least_score_replica
-            when p.policy_name = 'qp_cost' and p.view_qp_candidates = p.replayed_candidates
-                then p.view_least_qp_replica
-            when p.seen_candidates < p.replayed_candidates then null
-            when p.policy_name in ('least_request', 'least_requests')
-                then p.view_least_requests_replica
-            when p.policy_name = 'cache_aware' and (
-                p.max_seen_load - p.min_seen_load > t.cache_aware_balance_abs
-                and p.max_seen_load > p.min_seen_load * t.cache_aware_balance_rel
-            ) then p.view_least_requests_replica
-            when p.policy_name = 'cache_aware'
-                and p.best_match_rate > t.cache_aware_cache_threshold
-                then p.view_best_match_replica
-            when p.policy_name = 'cache_aware' then p.view_least_requests_replica
-        end as policy_view_replica
-    from policy_replayed as p
+        end as replica
+    from policy_bases as p
     cross join thresholds as t
+),
+
+policy_choice as (
+    select
+        request_key,
+        any_value(policy_name) as policy_name,
+        any_value(chosen_replica) as chosen_replica,
+        any_value(replica) filter (where basis = 'true') as policy_true_replica,
+        any_value(replica) filter (where basis = 'view') as policy_view_replica
+    from policy_rule
+    group by request_key
 ),
 
 policy_choice_checked as (
