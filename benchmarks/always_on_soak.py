@@ -95,6 +95,8 @@ class _Shared:
 
     def __init__(self) -> None:
         self.requests = mp.Value("q", 0)
+        self.spans_handed = mp.Value("q", 0)
+        """Spans handed to the SDK's processor (beyond its queue's 131,072 it drops them)."""
         self.spans_acked = mp.Value("q", 0)
         self.spans_failed = mp.Value("q", 0)
         self.behind_max_ms = mp.Value("d", 0.0)
@@ -131,6 +133,8 @@ def _sdk_pipeline(url: str, shared: _Shared) -> tuple[Any, SpanExporter]:
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             for span in spans:
                 batch.on_end(span)
+            with shared.spans_handed.get_lock():
+                shared.spans_handed.value += len(spans)
             return SpanExportResult.SUCCESS
 
         def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -256,6 +260,8 @@ def soak(args: argparse.Namespace) -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     db = tmp / "audit.duckdb"
     make_store(db, args.partition_s, args.max_request_s)
+    # a SIGTERM stops the senders and the collector too (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
     port = free_port()
     log = open(tmp / "collector.log", "wb")  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen([sys.executable, "-m", "collectors.otlp", "--db", str(db),
@@ -347,6 +353,7 @@ def soak(args: argparse.Namespace) -> int:
         acked = sum(s.spans_acked.value for s in shared)
         failed = sum(s.spans_failed.value for s in shared)
         requests = sum(s.requests.value for s in shared)
+        handed = sum(s.spans_handed.value for s in shared)
         collector_cpu = _cpu_seconds(proc.pid) - cpu0
         # no spool: an acknowledged span is committed; the relations catch up for a while
         for _ in range(6):
@@ -357,7 +364,7 @@ def soak(args: argparse.Namespace) -> int:
                     if " WARNING " in line or " ERROR " in line]
         for line in warnings[:10]:
             print("  collector:", line[:300])
-        summarise(args, samples, requests, acked, failed, stored, sent_s, collector_cpu)
+        summarise(args, samples, requests, handed, acked, failed, stored, sent_s, collector_cpu)
         return 0 if stored >= acked else 1
     finally:
         for p in procs:
@@ -382,13 +389,14 @@ def _minute_refresh(samples: list[Sample], lo_s: float, hi_s: float) -> str:
     return f"{(inside[-1].refresh_s - inside[0].refresh_s) / n:.2f} s mean of {n}"
 
 
-def summarise(args: argparse.Namespace, samples: list[Sample], requests: int, acked: int,
-              failed: int, stored: int, sent_s: float, collector_cpu: float) -> None:
+def summarise(args: argparse.Namespace, samples: list[Sample], requests: int, handed: int,
+              acked: int, failed: int, stored: int, sent_s: float, collector_cpu: float) -> None:
     end = args.minutes * 60
     lags = [s.lag_s for s in samples if s.lag_s is not None and args.warmup_s <= s.t_s <= end]
     ages = [s.age_s for s in samples if s.age_s is not None and args.warmup_s <= s.t_s <= end]
     print(f"\nsummary: {requests:,} requests ({requests / sent_s:,.0f}/s) in {sent_s:,.0f} s; "
-          f"spans acknowledged {acked:,}, failed exports {failed:,} spans, stored {stored:,} "
+          f"spans handed to the SDK {handed:,}, acknowledged {acked:,}, failed exports {failed:,} spans, "
+          f"dropped by the SDK's full queue or unanswered {handed - acked - failed:,}; stored {stored:,} "
           f"({'OK: nothing acknowledged lost' if stored >= acked else 'MISSING SPANS'}); "
           f"collector CPU {collector_cpu / sent_s:.2f} cores; load {samples[-1].load1:.1f} at the end")
     if lags:
