@@ -79,6 +79,34 @@ def build_views(
     return out
 
 
+class _Pending(deque[tuple[float, int, int]]):
+    """A router's pending assignments to one replica, ``(time the replica has it, prefill
+    tokens, total tokens)``, oldest first, with the sums of their prefill and total tokens kept
+    as entries come and go (integers: the same sums as recomputed from the entries)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefill = 0
+        self.total = 0
+
+    def append(self, x: tuple[float, int, int]) -> None:
+        super().append(x)
+        self.prefill += x[1]
+        self.total += x[2]
+
+    def popleft(self) -> tuple[float, int, int]:
+        x = super().popleft()
+        self.prefill -= x[1]
+        self.total -= x[2]
+        return x
+
+    def pop(self) -> tuple[float, int, int]:  # type: ignore[override]  # deque.pop() takes no index
+        x = super().pop()
+        self.prefill -= x[1]
+        self.total -= x[2]
+        return x
+
+
 class Router:
     """One router instance."""
 
@@ -105,7 +133,7 @@ class Router:
         self.tree = PrefixTree(n_replicas, cfg.tree_max_tokens) if self.policy.uses_prefix else None
         self.snapshots: list[Snapshot] = []
         # per replica: (time the replica has it, prefill tokens, total tokens), oldest first
-        self.pending: list[deque[tuple[float, int, int]]] = [deque() for _ in range(n_replicas)]
+        self.pending: list[_Pending] = [_Pending() for _ in range(n_replicas)]
         self._last_evict = 0.0
 
     def on_telemetry(self, snaps: list[Snapshot], now: float) -> None:
@@ -113,8 +141,16 @@ class Router:
         self.snapshots = snaps
         for i, s in enumerate(snaps):
             dq = self.pending[i]
-            while dq and dq[0][0] < s.ts:  # a poll at the arrival instant runs first
+            ts = s.ts
+            while dq and dq[0][0] < ts:  # a poll at the arrival instant runs first
                 dq.popleft()
+        if self.tree is not None and now - self._last_evict >= self.cfg.tree_eviction_interval_s:
+            self.tree.evict()
+            self._last_evict = now
+
+    def on_unread_telemetry(self, now: float) -> None:
+        """A poll whose snapshots no decision will read (the next poll comes first): only the
+        prefix tree's eviction runs as :meth:`on_telemetry` would run it."""
         if self.tree is not None and now - self._last_evict >= self.cfg.tree_eviction_interval_s:
             self.tree.evict()
             self._last_evict = now
@@ -128,10 +164,9 @@ class Router:
         if not self.cfg.pending_correction:
             z = [0] * self.n
             return z, z, z
-        cnt = [len(d) for d in self.pending]
-        pre = [sum(x[1] for x in d) for d in self.pending]
-        tot = [sum(x[2] for x in d) for d in self.pending]
-        return cnt, tot, pre
+        pending = self.pending
+        return ([len(d) for d in pending], [d.total for d in pending],
+                [d.prefill for d in pending])
 
     def views(self, req: Request, now: float, predicted: list[int]) -> list[CandidateView]:
         cnt, tot, pre = self.pending_sums()

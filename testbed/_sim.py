@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._config import FleetConfig
-from ._env import PRIO_ARRIVAL, PRIO_TELEMETRY, PRIO_TIMEOUT, Environment
+from ._env import PRIO_ARRIVAL, PRIO_TELEMETRY, PRIO_TIMEOUT
 from ._errors import TestbedError
 from ._groundtruth import label_record, write_ground_truth
+from ._heapenv import HeapEnvironment
 from ._replica import Replica, Seq, Snapshot
 from ._requests import Request
 from ._router import Router, build_views
@@ -122,7 +123,7 @@ class Simulation:
         self.ground_truth = ground_truth
         self.run_id = run_id or f"{scenario}-{cfg.router.policy}-s{seed}"
         self.rng = random.Random(seed)
-        self.env = Environment()
+        self.env = HeapEnvironment()
         self.log: list[tuple[Any, ...]] | None = [] if record_log else None
         n = cfg.n_replicas
         self.replicas = [
@@ -171,13 +172,27 @@ class Simulation:
         return self.records
 
     def _poll(self) -> None:
+        env = self.env
+        now = env.now
+        reqs = self.requests
+        nxt = self._next_arrival
+        if nxt < len(reqs) or self._outstanding > 0:
+            ev = env.after(self.cfg.router.telemetry_interval_s, PRIO_TELEMETRY, self._poll)
+            if nxt >= len(reqs) or reqs[nxt].arrival_s >= ev.time:
+                # No decision reads this poll: the next arrival comes at or after the next poll
+                # (which runs first at the same instant) and routers read snapshots, pending
+                # assignments and the assignment counts only when deciding; the next poll
+                # prunes a superset of the pending assignments. Only the prefix trees' eviction
+                # clock must tick as it would.
+                for rt in self.routers:
+                    rt.on_unread_telemetry(now)
+                return
         snaps = [r.snapshot() for r in self.replicas]
         for rt in self.routers:
-            rt.on_telemetry(snaps, self.env.now)
-        for i in range(len(self.replicas)):
-            self._assigned_at_poll[i] = list(self._assigned[i])
-        if self._next_arrival < len(self.requests) or self._outstanding > 0:
-            self.env.after(self.cfg.router.telemetry_interval_s, PRIO_TELEMETRY, self._poll)
+            rt.on_telemetry(snaps, now)
+        at_poll = self._assigned_at_poll
+        for i, a in enumerate(self._assigned):
+            at_poll[i] = list(a)
 
     def _pick_router(self) -> int:
         n = len(self.routers)

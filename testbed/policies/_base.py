@@ -3,7 +3,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .._config import CostModel, RouterConfig
 from .._errors import UnknownNameError
@@ -20,8 +20,7 @@ class RequestView:
     max_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class CandidateView:
+class CandidateView(NamedTuple):
     """One replica as a router sees it at decision time.
 
     ``waiting``/``running``/``remaining_*``/``kv_usage`` come from the last snapshot
@@ -29,9 +28,12 @@ class CandidateView:
     that snapshot (0 without pending correction) and are already *added* to ``load`` and
     ``work_tokens``. ``predicted_cached_tokens`` is the router's prefix prediction (0 when the
     policy keeps none). ``est_queue_ms``/``est_prefill_ms`` are Q and P of the cost model.
+
+    Immutable; a named tuple because one is built per replica at every decision (three times
+    with ground truth): several times cheaper to build than a frozen dataclass.
     """
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index
     replica: str
     eligible: bool
     waiting: int
