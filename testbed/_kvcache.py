@@ -103,7 +103,7 @@ class KVPool:
             entries = self.entries
             blocks = count = 0
             while free < n:
-                key, e = lru.popitem(last=False)
+                key, e = lru.popitem(False)  # oldest first
                 del entries[key]
                 free += e.nblocks
                 blocks += e.nblocks

@@ -54,13 +54,16 @@ class PrefixTree:
         s = self._sets[replica]
         bt = req.block_tokens
         p = req.input_tokens
+        move = s.move_to_end
+        added = 0
         for i, k in enumerate(req.block_keys):
             if k in s:
-                s.move_to_end(k)
+                move(k)
             else:
                 size = min(bt, p - i * bt)
                 s[k] = size
-                self._tokens[replica] += size
+                added += size
+        self._tokens[replica] += added
 
     def size_tokens(self, replica: int) -> int:
         return self._tokens[replica]

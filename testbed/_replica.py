@@ -33,6 +33,7 @@ from ._requests import Request
 __all__ = ["Replica", "Seq", "Snapshot"]
 
 WAITING, RUNNING, DONE = 0, 1, 2
+_new_tuple = tuple.__new__
 
 
 class Snapshot(NamedTuple):
@@ -217,10 +218,10 @@ class Replica:
             dec += self._dec_sum
         pool = self.pool
         cap = pool.capacity
-        return Snapshot(
+        return _new_tuple(Snapshot, (  # Snapshot(...) without the Python-level __new__
             self.id, now, len(self.waiting), len(self.running),
             (cap - pool.free - pool.evictable) / cap, self.rem_prefill, dec,
-        )
+        ))
 
     def _refresh_decode_cache(self) -> None:
         xs = sorted(s.exp_out - s.generated for s in self.running)

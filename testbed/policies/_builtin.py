@@ -139,11 +139,17 @@ class QPCost:
     uses_prefix = True
 
     def decide(self, req: RequestView, cands: Sequence[CandidateView], rng: random.Random) -> Choice:
-        el = _eligible(cands)
-        if not el:
+        scores = tuple([c.est_queue_ms + c.est_prefill_ms for c in cands])
+        best = None
+        best_key = None
+        for c in cands:  # min over the eligible of (score, index): the first smallest score
+            if c.eligible:
+                sc = scores[c.index]
+                if best is None or (sc, c.index) < best_key:  # type: ignore[operator]
+                    best = c
+                    best_key = (sc, c.index)
+        if best is None:
             return _NONE
-        scores = tuple(c.est_queue_ms + c.est_prefill_ms for c in cands)
-        best = min(el, key=lambda c: (scores[c.index], c.index))
         return Choice(best.index, "min_queue_plus_prefill", scores)
 
     def commit(self, choice: Choice) -> None:
