@@ -6,6 +6,7 @@ cache contents) and at prefill/finish time; it never reads anything an audit pro
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import time
@@ -81,6 +82,10 @@ class RunSummary:
     primary_cause_counts: dict[str, int] = field(default_factory=dict)
     ground_truth_path: str | None = None
     run_id: str = ""
+
+
+_GC_GEN0 = 100_000
+"""Allocations between two collections of the youngest generation while a simulation runs."""
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -163,7 +168,18 @@ class Simulation:
         self.env.at(0.0, PRIO_TELEMETRY, self._poll)
         if self.requests:
             self.env.at(self.requests[0].arrival_s, PRIO_ARRIVAL, self._arrive)
-        self.env.run()
+        # The run allocates a few small objects per event and keeps most of them (records,
+        # sequences, views) and creates no cyclic garbage of its own: the cyclic collector's
+        # youngest generation runs every _GC_GEN0 allocations instead of every 700 (still
+        # collecting, for other threads' garbage too), about a tenth less CPU per run.
+        thresholds = gc.get_threshold()
+        if thresholds[0]:
+            gc.set_threshold(max(thresholds[0], _GC_GEN0), *thresholds[1:])
+        try:
+            self.env.run()
+        finally:
+            if thresholds[0]:
+                gc.set_threshold(*thresholds)
         if self._pbar is not None:
             self._pbar.close()
         if self.ground_truth:
