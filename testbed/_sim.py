@@ -351,18 +351,17 @@ class Simulation:
         ch = rec.choice
         assert ch is not None
         cands = []
+        scores = ch.scores
+        t0 = self.cfg.t0_ns
+        new = tuple.__new__
         for v in rec.seen:
-            score = ch.scores[v.index] if ch.scores else None
-            cands.append(
-                CandidateTrace(
-                    replica=v.replica, eligible=v.eligible,
-                    excluded_reason=None if v.eligible else "full", waiting=v.waiting,
-                    running=v.running, kv_usage=v.kv_usage, remaining_tokens=v.remaining_tokens,
-                    telemetry_ts_ns=self.ns(v.telemetry_ts), pending=v.pending,
-                    predicted_cached_tokens=v.predicted_cached_tokens,
-                    est_queue_ms=v.est_queue_ms, est_prefill_ms=v.est_prefill_ms, score=score,
-                )
-            )
+            # CandidateTrace(...) field by field, self.ns() inlined (same arithmetic)
+            cands.append(new(CandidateTrace, (
+                v.replica, v.eligible, None if v.eligible else "full", v.waiting, v.running,
+                v.kv_usage, v.remaining_tokens, t0 + int(round(v.telemetry_ts * 1e9)), v.pending,
+                v.predicted_cached_tokens, v.est_queue_ms, v.est_prefill_ms,
+                scores[v.index] if scores else None,
+            )))
         seq = rec.seq
         dec_ns = self.ns(rec.t_decide)
         if ch.index is None or seq is None:

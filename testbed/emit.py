@@ -9,14 +9,15 @@ Virtual time maps to Unix ns as ``t0_ns + int(sim_s * 1e9)``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 __all__ = ["CandidateTrace", "OTelEmitter", "RecordingEmitter", "RequestTrace", "SpanEmitter"]
 
 
-@dataclass(frozen=True, slots=True)
-class CandidateTrace:
-    """One candidate as the router saw it (fields of ``collectors.router.Candidate``)."""
+class CandidateTrace(NamedTuple):
+    """One candidate as the router saw it (fields of ``collectors.router.Candidate``).
+
+    Immutable; a named tuple because eight are built per emitted request."""
 
     replica: str
     eligible: bool

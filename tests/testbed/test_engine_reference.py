@@ -55,7 +55,21 @@ def _fleet(replicas: int, changes: dict[str, Any]) -> FleetConfig | None:
 
 
 def _views(views: Any) -> list[tuple[Any, ...]]:
-    return [tuple(repr(getattr(v, name)) for name in type(v)._fields) for v in views]
+    return [tuple(repr(x) for x in _plain(v)) for v in views]
+
+
+def _plain(x: Any) -> Any:
+    """``x`` as plain tuples, lists and dicts (what ``dataclasses.astuple`` gives for
+    dataclasses, for named tuples too): the values, whatever the record types."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return tuple(_plain(getattr(x, f.name)) for f in dataclasses.fields(x))
+    if isinstance(x, tuple):
+        return tuple(_plain(v) for v in x)
+    if isinstance(x, list):
+        return [_plain(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
 
 
 def outcomes(case: tuple[str, str, str, str | None, int, int, bool, dict[str, Any]]) -> dict[str, Any]:
@@ -78,7 +92,7 @@ def outcomes(case: tuple[str, str, str, str | None, int, int, bool, dict[str, An
                 seq.t_arrival, seq.t_admit, seq.t_first_token, seq.t_finish, seq.cached_first,
                 seq.generated, seq.preemptions, seq.finish_reason)],
         ])
-    traces = [repr(dataclasses.astuple(t)) for t in em.traces]
+    traces = [repr(_plain(t)) for t in em.traces]
     summary = dataclasses.asdict(sim.summary(0.0))
     for k in ("wall_s", "events"):  # wall clock; count of internal events (not an outcome)
         summary.pop(k)
