@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path and not os.environ.get("PYTHONPATH"):
+    sys.path.insert(0, str(REPO))  # run from a checkout without PYTHONPATH
 
 
 def _measure(args: argparse.Namespace) -> dict[str, Any]:

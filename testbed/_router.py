@@ -45,7 +45,6 @@ def build_views(
     attn = cost.prefill_attn_ms_per_token2
     ceil = math.ceil
     view = CandidateView
-    new = tuple.__new__  # CandidateView(*fields) without the named tuple's Python-level __new__
     im1 = inp - 1
     no_limit = admission_limit is None
     append = out.append
@@ -71,11 +70,11 @@ def build_views(
         pend = pending[i]
         ts = s.ts
         append(
-            new(view, (
+            view(
                 i, s.replica, no_limit or waiting + pend < admission_limit,  # type: ignore[operator]
                 waiting, running, s.kv_usage, rp, rp + s.remaining_decode_tokens, ts,
                 now - ts, pend, pending_tokens[i], pc, q, p,
-            ))
+            )
         )
     return out
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from .._config import CostModel, RouterConfig
 from .._errors import UnknownNameError
@@ -20,7 +20,8 @@ class RequestView:
     max_tokens: int
 
 
-class CandidateView(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class CandidateView:
     """One replica as a router sees it at decision time.
 
     ``waiting``/``running``/``remaining_*``/``kv_usage`` come from the last snapshot
@@ -28,12 +29,9 @@ class CandidateView(NamedTuple):
     that snapshot (0 without pending correction) and are already *added* to ``load`` and
     ``work_tokens``. ``predicted_cached_tokens`` is the router's prefix prediction (0 when the
     policy keeps none). ``est_queue_ms``/``est_prefill_ms`` are Q and P of the cost model.
-
-    Immutable; a named tuple because one is built per replica at every decision (three times
-    with ground truth): several times cheaper to build than a frozen dataclass.
     """
 
-    index: int  # type: ignore[assignment]  # shadows tuple.index
+    index: int
     replica: str
     eligible: bool
     waiting: int
