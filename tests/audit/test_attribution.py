@@ -66,7 +66,8 @@ MART_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("replica", "varchar"), ("dp_rank", "bigint"), ("scraped_at", "timestamptz"),
         ("ok", "boolean"), ("error", "varchar"), ("running", "double"),
         ("waiting", "double"), ("kv_usage", "double"), ("prefix_cache_hit_rate", "double"),
-        ("cache_hit_rate", "double"), ("source", "varchar"),
+        ("cache_hit_rate", "double"), ("source", "varchar"), ("target", "varchar"),
+        ("router_in_flight", "double"), ("router_healthy", "boolean"),
     ],
 }
 
