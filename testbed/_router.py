@@ -17,6 +17,7 @@ from ._prefix_tree import PrefixTree
 from ._replica import Snapshot
 from ._requests import Request
 from .policies import CandidateView, Choice, RequestView, make_policy
+from .policies._base import _CandidateViewBuilder
 
 __all__ = ["Router", "build_views"]
 
@@ -45,6 +46,7 @@ def build_views(
     attn = cost.prefill_attn_ms_per_token2
     ceil = math.ceil
     view = CandidateView
+    builder = _CandidateViewBuilder
     im1 = inp - 1
     no_limit = admission_limit is None
     append = out.append
@@ -69,13 +71,13 @@ def build_views(
         p = uncached * (pmt + attn * (cached + uncached / 2)) + (steps if steps > 1 else 1) * per_step
         pend = pending[i]
         ts = s.ts
-        append(
-            view(
-                i, s.replica, no_limit or waiting + pend < admission_limit,  # type: ignore[operator]
-                waiting, running, s.kv_usage, rp, rp + s.remaining_decode_tokens, ts,
-                now - ts, pend, pending_tokens[i], pc, q, p,
-            )
+        v = builder(
+            i, s.replica, no_limit or waiting + pend < admission_limit,  # type: ignore[operator]
+            waiting, running, s.kv_usage, rp, rp + s.remaining_decode_tokens, ts,
+            now - ts, pend, pending_tokens[i], pc, q, p,
         )
+        v.__class__ = view  # a CandidateView (frozen) from here on
+        append(v)
     return out
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, make_dataclass
 from typing import Protocol
 
 from .._config import CostModel, RouterConfig
@@ -56,6 +56,15 @@ class CandidateView:
     def work_tokens(self) -> int:
         """Remaining work in tokens incl. pending (prefill still to do + expected decode)."""
         return self.remaining_tokens + self.pending_tokens
+
+
+# The same slots as CandidateView, without the frozen __setattr__: an instance built with it and
+# given ``__class__ = CandidateView`` is a true (frozen) CandidateView, built about twice as fast
+# (the router builds one per replica at every decision, three with ground truth).
+_CandidateViewBuilder = make_dataclass(
+    "_CandidateViewBuilder", [(f.name, f.type) for f in fields(CandidateView)], slots=True,
+    eq=False, repr=False,
+)
 
 
 @dataclass(frozen=True, slots=True)
