@@ -67,6 +67,7 @@ present_work as (
         e.first_token_at,
         e.uncached_tokens,
         coalesce(e.output_tokens, 0) as output_tokens,
+        coalesce(e.input_tokens, 0) as input_tokens,
         case
             when e.first_token_at <= c.decided_at then 0.0
             when e.prefill_start_at > c.decided_at then 1.0
@@ -114,6 +115,9 @@ final as (
         ) filter (where same_replica) / 1000.0 as true_remaining_tokens,
         sum(uncached_tokens) filter (where same_replica and is_queued)
             as true_queued_prefill_tokens,
+        sum(
+            cast(round(input_tokens + output_tokens * (1.0 - decode_left)) as bigint)
+        ) filter (where same_replica and not is_queued) as true_held_tokens,
         max(date_diff('microsecond', decided_at, first_token_at) / 1000.0)
             filter (where same_replica and first_token_at > decided_at) as drain_ms
     from present_work

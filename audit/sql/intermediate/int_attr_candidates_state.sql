@@ -164,17 +164,35 @@ decision_blocks as (
     where d.chosen_replica is not null
 ),
 
+replica_turnover as (
+    -- per execution: the KV tokens its replica had newly allocated up to and including it
+    -- (uncached prompt and output tokens, counted at its first token), a running integer sum
+    -- per replica. Only the difference of two rows of one replica is read (the turnover
+    -- between them), so where the sum starts (a slice reads a shorter history) does not matter
+    select
+        replica,
+        request_key,
+        first_token_at,
+        sum(uncached_tokens + coalesce(output_tokens, 0)) over (
+            partition by replica
+            order by first_token_at, trace_id, span_id
+            rows between unbounded preceding and current row
+        ) as turnover_through
+    from timed
+    where first_token_at is not null
+),
+
 served_blocks as (
-    -- every prefix block a replica prefilled, stamped with the request's first token (only
-    -- blocks some shortfall decision needs)
+    -- every prefix block a replica prefilled, stamped with the request's first token and the
+    -- replica's turnover through it
     select
         e.replica,
         unnest(q.prefix_hashes) as block_hash,
-        e.first_token_at as served_at
-    from timed as e
+        e.first_token_at as served_at,
+        e.turnover_through as served_turnover
+    from replica_turnover as e
     inner join decision_prefixes as q
         on e.request_key = q.request_key
-    where e.first_token_at is not null
 ),
 
 candidate_alternatives as (
@@ -294,7 +312,11 @@ blocks_served as (
         case
             when s.replica = b.replica and s.block_hash = b.block_hash
                 then s.served_at
-        end as served_at
+        end as served_at,
+        case
+            when s.replica = b.replica and s.block_hash = b.block_hash
+                then s.served_turnover
+        end as served_turnover
     from (
         select
             *,
@@ -327,12 +349,67 @@ prefix_served as (
     group by decision_key
 ),
 
+instant_turnover as (
+    -- each alternative's running turnover at the decision (through the last execution with its
+    -- first token at or before it): the same folded-key ASOF join
+    select
+        i.decision_key,
+        i.replica,
+        case when t.replica = i.replica then t.turnover_through else 0 end as turnover_at
+    from (
+        select
+            *,
+            (cast(hash(replica) >> 2 as hugeint) << 64) + epoch_us(decided_at) as at_key
+        from candidate_alternatives
+    ) as i
+    asof left join (
+        select
+            replica,
+            turnover_through,
+            (cast(hash(replica) >> 2 as hugeint) << 64) + epoch_us(first_token_at) as at_key
+        from replica_turnover
+    ) as t
+        on i.at_key >= t.at_key
+),
+
+blocks_turnover as (
+    -- each block found served, with the turnover on its replica since that service
+    select
+        b.*,
+        t.turnover_at - b.served_turnover as turnover_since
+    from blocks_served as b
+    inner join instant_turnover as t
+        on b.decision_key = t.decision_key
+        and b.replica = t.replica
+    where b.side = 'alternative' and b.served_at is not null
+),
+
+capacity_seen as (
+    -- the replica's prefix-cache room at the decision: its KV pool estimated as the tokens its
+    -- running executions held over the KV usage the router saw, less what they hold
+    select
+        c.decision_key,
+        c.replica,
+        max(
+            case
+                when c.seen_kv_usage >= 0.05
+                    then s.true_held_tokens / c.seen_kv_usage - s.true_held_tokens
+            end
+        ) as cache_room
+    from candidates_resolved as c
+    inner join true_state_aggregated as s
+        on c.decision_key = s.decision_key
+        and c.replica = s.replica
+    group by c.decision_key, c.replica
+),
+
 candidate_prefix_held as (
-    -- the longest prefix the replica had served within 30 s before the decision. Hashes are
-    -- chained: a block served at position k means the k blocks before it were served with it.
-    -- A busy replica's LRU prefix cache turns over: a prompt served minutes ago has usually
-    -- been evicted by the traffic since, and counting it as held made alternatives look
-    -- better than they were (false misrouting); recent service is evidence, older is not
+    -- the longest prefix the replica still held at the decision, served there within 300 s.
+    -- Hashes are chained: a block served at position k means the k blocks before it were
+    -- served with it. A busy replica's LRU prefix cache turns over: a block counts as held
+    -- while the tokens newly allocated there since its service fit in the room its running
+    -- executions leave in the pool (capacity_seen); without a KV usage to size the pool, only
+    -- service within 30 s counts
     select
         a.decision_key,
         a.replica,
@@ -341,14 +418,22 @@ candidate_prefix_held as (
     from candidate_alternatives as a
     left join (
         select
-            decision_key,
-            replica,
-            max(block_pos) filter (
-                where served_at >= looked_up_at - interval 30 second
+            b.decision_key,
+            b.replica,
+            max(b.block_pos) filter (
+                where
+                    b.served_at >= b.looked_up_at - interval 300 second
+                    and case
+                        when c.cache_room is not null then b.turnover_since <= c.cache_room
+                        else b.served_at >= b.looked_up_at - interval 30 second
+                    end
             ) as held_blocks
-        from blocks_served
-        where side = 'alternative'
-        group by decision_key, replica
+        from blocks_turnover as b
+        left join capacity_seen as c
+            on b.decision_key = c.decision_key
+            and b.replica = c.replica
+        where b.side = 'alternative'
+        group by b.decision_key, b.replica
     ) as h
         on a.decision_key = h.decision_key
         and a.replica = h.replica
