@@ -18,6 +18,11 @@ setup-test:
 		(apt-get update -q && apt-get install -y -q --no-install-recommends prometheus) >>/tmp/routeaudit-apt.log 2>&1 \
 		|| echo "warning: could not install Debian prometheus (see /tmp/routeaudit-apt.log); Prometheus tests will be skipped"; \
 	fi
+	@# Debian's Java 17 runs Spark (pyspark) for the Spark-path equivalence test.
+	@if ! command -v java >/dev/null 2>&1; then \
+		(apt-get update -q && apt-get install -y -q --no-install-recommends openjdk-17-jre-headless) >>/tmp/routeaudit-apt.log 2>&1 \
+		|| echo "warning: could not install Debian openjdk-17-jre-headless (see /tmp/routeaudit-apt.log); Spark tests will be skipped"; \
+	fi
 
 demo: setup
 	routeaudit demo --db demo.duckdb

@@ -218,6 +218,12 @@ def cmd_sample_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark(args: argparse.Namespace) -> int:
+    from audit.spark import command
+
+    return command(raw=args.raw, out=args.out, master=args.master, export_from=args.db)
+
+
 def cmd_whatif(args: argparse.Namespace) -> int:
     from routeaudit._whatif import format_whatif, run_whatif
 
@@ -347,6 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests one replica runs at once (default: observed peak)")
     p.add_argument("--run", default=None, help="only this run's executions")
     p.set_defaults(func=cmd_capacity)
+
+    p = sub.add_parser("spark", help="build the relations with Apache Spark over partitioned Parquet")
+    p.add_argument("--raw", required=True,
+                   help="folder of raw tables as <table>/part=<p>/*.parquet (a store's closed-partition folder)")
+    p.add_argument("--out", required=True, help="folder the public relations are written to")
+    p.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
+    p.add_argument("--db", default=None,
+                   help="first export this DuckDB store's raw tables and settings to --raw")
+    p.set_defaults(func=cmd_spark)
 
     p = sub.add_parser("dashboard", help="open the Streamlit dashboard on a store")
     p.add_argument("--db", default=None, help="store (default: the bundled sample data)")
