@@ -384,7 +384,12 @@ def _minute_refresh(samples: list[Sample], lo_s: float, hi_s: float) -> str:
     """Mean background refresh duration between two times (from the counters), and how many."""
     inside = [s for s in samples if lo_s <= s.t_s <= hi_s]
     if len(inside) < 2 or inside[-1].refreshes <= inside[0].refreshes:
-        return "no refresh ended"
+        # long refreshes: the last one that had ended by then
+        before = [s for s in samples if s.t_s <= hi_s and s.last_refresh_ms]
+        if not before:
+            return "no refresh ended yet"
+        return (f"none ended in it; the last before it {before[-1].last_refresh_ms / 1e3:.1f} s "  # type: ignore[operator]
+                f"(refresh {before[-1].refreshes})")
     n = inside[-1].refreshes - inside[0].refreshes
     return f"{(inside[-1].refresh_s - inside[0].refresh_s) / n:.2f} s mean of {n}"
 
