@@ -323,7 +323,9 @@ class Store:
         if self._full_rebuild_due or self._spans_in_relations is None:
             return False
         if self.incremental is None:
-            return self._spans_stored >= INCREMENTAL_MIN_SPANS
+            # Closed partitions are no longer counted in the DuckDB tables, yet the store is as
+            # large as before: a full rebuild would re-open every one of them.
+            return self._spans_stored >= INCREMENTAL_MIN_SPANS or self.closed_until_ns is not None
         return self.incremental
 
     @property

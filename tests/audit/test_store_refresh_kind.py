@@ -1,0 +1,48 @@
+"""A store left to choose (``incremental=None``) keeps refreshing by slices once partitions have
+closed, although the DuckDB tables then hold fewer spans than the threshold: a full rebuild would
+re-open every closed partition and undo the closing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from tiled_sample import batches, new_store, tiled_sample
+
+from audit import _closed, _store
+from audit._store import Store
+
+
+def _closed_spans(store: Store) -> int:
+    files = f"{_closed.folder(store.path)}/raw_spans/part=*/*.parquet"
+    return int(duckdb.sql(f"select count(*) from read_parquet('{files}')").fetchall()[0][0])
+
+
+def test_a_store_with_closed_partitions_keeps_refreshing_by_slices(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parts = batches(tiled_sample(7), seed=3, batches=6)
+    monkeypatch.setattr(_store, "INCREMENTAL_MIN_SPANS", 1)
+    store = new_store(tmp_path / "s.duckdb", incremental=None)
+    try:
+        kinds = []
+        for batch in parts[:-1]:
+            store.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
+            store.refresh()
+            kinds.append(store.last_refresh_kind)
+        assert set(kinds) <= {"slice", "none"}, kinds
+        assert _closed.closed_until(store._con) is not None, "partitions closed"
+        # the store has grown past the threshold, but its DuckDB tables now hold fewer spans
+        # than it: only the closed partitions' files have the rest
+        last = parts[-1]
+        hot = store._con.execute("select count(*) from raw_spans").fetchall()[0][0]
+        total = hot + _closed_spans(store)
+        threshold = hot + last["spans"].num_rows + 1
+        assert threshold <= total, "the whole store is past the threshold"
+        monkeypatch.setattr(_store, "INCREMENTAL_MIN_SPANS", threshold)
+        store.append(spans=last["spans"], events=last["events"], snapshots=last["snapshots"])
+        store.refresh()
+        assert store.last_refresh_kind == "slice"
+        assert _closed.closed_until(store._con) is not None
+    finally:
+        store.close()
