@@ -16,8 +16,7 @@ from ._config import CostModel, RouterConfig
 from ._prefix_tree import PrefixTree
 from ._replica import Snapshot
 from ._requests import Request
-from .policies import CandidateView, Choice, RequestView, make_policy
-from .policies._base import _CandidateViewBuilder
+from .policies import CandidateView, CandidateViewBuilder, Choice, RequestView, make_policy
 
 __all__ = ["Router", "build_views"]
 
@@ -46,7 +45,7 @@ def build_views(
     attn = cost.prefill_attn_ms_per_token2
     ceil = math.ceil
     view = CandidateView
-    builder = _CandidateViewBuilder
+    builder = CandidateViewBuilder
     im1 = inp - 1
     no_limit = admission_limit is None
     append = out.append

@@ -6,13 +6,23 @@ must not change the policy's state: the ground truth re-runs it on the true stat
 records the decision actually taken.
 """
 
-from ._base import POLICIES, CandidateView, Choice, Policy, RequestView, make_policy, register_policy
+from ._base import (
+    POLICIES,
+    CandidateView,
+    CandidateViewBuilder,
+    Choice,
+    Policy,
+    RequestView,
+    make_policy,
+    register_policy,
+)
 from ._builtin import CacheAware, LeastLoad, PowerOfTwo, QPCost, RandomPolicy, RoundRobin
 
 __all__ = [
     "POLICIES",
     "CacheAware",
     "CandidateView",
+    "CandidateViewBuilder",
     "Choice",
     "LeastLoad",
     "Policy",

@@ -61,8 +61,8 @@ class CandidateView:
 # The same slots as CandidateView, without the frozen __setattr__: an instance built with it and
 # given ``__class__ = CandidateView`` is a true (frozen) CandidateView, built about twice as fast
 # (the router builds one per replica at every decision, three with ground truth).
-_CandidateViewBuilder = make_dataclass(
-    "_CandidateViewBuilder", [(f.name, f.type) for f in fields(CandidateView)], slots=True,
+CandidateViewBuilder = make_dataclass(
+    "CandidateViewBuilder", [(f.name, f.type) for f in fields(CandidateView)], slots=True,
     eq=False, repr=False,
 )
 

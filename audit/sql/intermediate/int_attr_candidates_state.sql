@@ -175,8 +175,10 @@ replica_turnover as (
         first_token_at,
         sum(uncached_tokens + coalesce(output_tokens, 0)) over (
             partition by replica
-            order by first_token_at, trace_id, span_id
-            rows between unbounded preceding and current row
+            order by first_token_at
+            -- executions with the same first token count together, so whichever of them a
+            -- lookup finds, the sum is the same
+            range between unbounded preceding and current row
         ) as turnover_through
     from timed
     where first_token_at is not null
