@@ -57,6 +57,24 @@ def test_prefix_service_long_before_the_decision_is_not_evidence() -> None:
     assert "misrouting" not in causes
 
 
+def test_a_shorter_prefix_served_since_is_held_when_the_longer_one_is_not() -> None:
+    """B served three of S's blocks 60 s before S (turned over since) and, 10 s before, a
+    prompt sharing only the first: B held one block of four, 500 of S's 2000 tokens. (The
+    deepest block B ever served is not held, so the shorter ones are looked up too.)"""
+    f = prefix_fleet(b_served_prefix=False, b_predicted=0)
+    f.served("p1", "B", arrive=-60_000.0, queue=0.0, input_tokens=1500)
+    f.decision("p1", at_ms=-60_000.0, chosen="B", policy="round_robin", reason="round_robin",
+               candidates=[{"replica": "A", **seen(0, 0)}, {"replica": "B", **seen(0, 0)}])
+    f.prefixes.append(("p1", ["h1", "h2", "h3"]))
+    f.prefixes.remove(("p0", ["z1", "z2"]))
+    f.prefixes.append(("p0", ["h1", "y2"]))
+    con = f.store()
+    (b,) = rows(con, "select cached_assumed_tokens, cache_source, prefix_held_blocks "
+                     "from int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
+    assert b == {"cached_assumed_tokens": 500, "cache_source": "prefix_history",
+                 "prefix_held_blocks": 1}
+
+
 def test_a_predicted_hit_the_alternative_never_held_is_not_trusted() -> None:
     """The router predicted 1000 tokens on B, but B never served any of the prompt's blocks:
     B would have prefilled all 2000 tokens too, so the choice of A cost nothing."""

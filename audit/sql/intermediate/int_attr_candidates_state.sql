@@ -222,7 +222,7 @@ candidate_alternatives as (
 ),
 
 final_decision_blocks as (
-    -- each block of a final decision's prompt with its position, once per decision
+    -- each block of a judged final decision's prompt with its position, once per decision
     select
         d.decision_key,
         unnest(p.prefix_hashes) as block_hash,
@@ -231,6 +231,8 @@ final_decision_blocks as (
     inner join decision_prefixes as p
         on d.request_key = p.request_key
         and d.decision_span_id = p.decision_span_id
+    semi join candidate_alternatives as a
+        on d.decision_key = a.decision_key
     where d.is_final
 ),
 
@@ -241,38 +243,41 @@ served_pairs as (
     from served_blocks
 ),
 
-served_decision_blocks as materialized (
-    -- each block of a final decision's prompt on every replica that ever served it (joined
-    -- first: most of a prompt's blocks were never served on most replicas)
+deepest_served as (
+    -- per judged decision and replica, the deepest block of the prompt that replica ever
+    -- served (a block it never served is not held). Its held blocks are the deepest position
+    -- held, so when this block is held that is its position, whatever the blocks before it:
+    -- it is looked up first, alone, and an alternative's other blocks only when it is not held
+    -- (on a busy fleet whose prompts share long prefixes served on every replica, most
+    -- alternatives need this one lookup instead of one per block)
     select
         b.decision_key,
         v.replica,
-        b.block_hash,
-        b.block_pos
+        max(b.block_pos) as block_pos,
+        arg_max(b.block_hash, b.block_pos) as block_hash
     from final_decision_blocks as b
     inner join served_pairs as v
         on b.block_hash = v.block_hash
+    group by b.decision_key, v.replica
 ),
 
-candidate_blocks as (
-    -- a candidate's blocks that its replica ever served: the only ones the ASOF match below can
-    -- find (a block it never served is not held)
+candidate_deepest as (
     select
         a.decision_key,
         a.replica,
         a.decided_at,
-        b.block_hash,
-        b.block_pos
-    from served_decision_blocks as b
+        s.block_pos,
+        s.block_hash
+    from deepest_served as s
     inner join candidate_alternatives as a
-        on b.decision_key = a.decision_key
-        and b.replica = a.replica
+        on s.decision_key = a.decision_key
+        and s.replica = a.replica
 ),
 
 block_lookups as (
-    -- every (decision, replica, block) whose last service is looked up: the chosen replica's
-    -- blocks of a shortfall decision before its prefill, and each alternative's blocks it ever
-    -- served at the decision instant
+    -- the (decision, replica, block) triples looked up first: the chosen replica's blocks of a
+    -- shortfall decision before its prefill, and each alternative's deepest block served
+    -- there, at the decision instant
     select
         'chosen' as side,
         decision_key,
@@ -291,24 +296,24 @@ block_lookups as (
         decided_at as looked_up_at,
         null as n_blocks,
         block_pos
-    from candidate_blocks
+    from candidate_deepest
 ),
 
-looked_up_served_blocks as (
-    -- only the (replica, block) pairs looked up: the ASOF match below keeps nothing else, and
-    -- a prefix block shared by most requests is served on every replica
-    select s.*
-    from served_blocks as s
-    semi join (select distinct replica, block_hash from block_lookups) as b
-        on s.replica = b.replica
-        and s.block_hash = b.block_hash
+served_keyed as (
+    -- each service of a block, keyed for the ASOF joins below: the (replica, block, instant)
+    -- triple is folded into one orderable key, so an ASOF join is one sort-merge instead of
+    -- one partition per block (several times slower); a match is kept only when it is the same
+    -- replica and block. Each join reads only the (replica, block) pairs it looks up: a prefix
+    -- block shared by most requests is served on every replica
+    select
+        *,
+        (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
+        + epoch_us(served_at) as served_key
+    from served_blocks
 ),
 
 blocks_served as (
-    -- the last time the replica served each block at or before the instant looked up. The
-    -- (replica, block, instant) triple is folded into one orderable key, so the ASOF join is
-    -- one sort-merge instead of one partition per block (several times slower); the match is
-    -- kept only when it is the same replica and block
+    -- the last time the replica served each block looked up at or before its instant
     select
         b.*,
         case
@@ -327,11 +332,11 @@ blocks_served as (
         from block_lookups
     ) as b
     asof left join (
-        select
-            *,
-            (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
-            + epoch_us(served_at) as served_key
-        from looked_up_served_blocks
+        select s.*
+        from served_keyed as s
+        semi join (select distinct replica, block_hash from block_lookups) as p
+            on s.replica = p.replica
+            and s.block_hash = p.block_hash
     ) as s
         on b.needed_key >= s.served_key
 ),
@@ -374,18 +379,6 @@ instant_turnover as (
         on i.at_key >= t.at_key
 ),
 
-blocks_turnover as (
-    -- each block found served, with the turnover on its replica since that service
-    select
-        b.*,
-        t.turnover_at - b.served_turnover as turnover_since
-    from blocks_served as b
-    inner join instant_turnover as t
-        on b.decision_key = t.decision_key
-        and b.replica = t.replica
-    where b.side = 'alternative' and b.served_at is not null
-),
-
 capacity_seen as (
     -- the replica's prefix-cache room at the decision: its KV pool estimated as the tokens its
     -- running executions held over the KV usage the router saw, less what they hold
@@ -405,40 +398,128 @@ capacity_seen as (
     group by c.decision_key, c.replica
 ),
 
+alternative_limits as (
+    -- what a block must meet to count as held by an alternative at the decision: served there
+    -- within 300 s, and a busy replica's LRU prefix cache turns over, so only while the tokens
+    -- newly allocated there since its service fit in the room its running executions leave in
+    -- the pool (capacity_seen); without a KV usage to size the pool, served within 30 s
+    select
+        a.decision_key,
+        a.replica,
+        t.turnover_at,
+        c.cache_room,
+        a.decided_at - case
+            when c.cache_room is null then interval 30 second else interval 300 second
+        end as served_since
+    from candidate_alternatives as a
+    inner join instant_turnover as t
+        on a.decision_key = t.decision_key
+        and a.replica = t.replica
+    left join capacity_seen as c
+        on a.decision_key = c.decision_key
+        and a.replica = c.replica
+),
+
+deepest_held as (
+    select
+        b.decision_key,
+        b.replica,
+        b.block_pos,
+        coalesce(
+                b.served_at >= l.served_since
+                and (l.cache_room is null or l.turnover_at - b.served_turnover <= l.cache_room),
+                false
+            ) as held
+    from blocks_served as b
+    inner join alternative_limits as l
+        on b.decision_key = l.decision_key
+        and b.replica = l.replica
+    where b.side = 'alternative'
+),
+
+fallback_lookups as (
+    -- every block of the prompt served on an alternative whose deepest block is not held
+    select
+        f.decision_key,
+        f.replica,
+        b.block_hash,
+        a.decided_at as looked_up_at,
+        b.block_pos
+    from deepest_held as f
+    inner join candidate_alternatives as a
+        on f.decision_key = a.decision_key
+        and f.replica = a.replica
+    inner join final_decision_blocks as b
+        on f.decision_key = b.decision_key
+    semi join served_pairs as v
+        on f.replica = v.replica
+        and b.block_hash = v.block_hash
+    where not f.held
+),
+
+fallback_served as (
+    select
+        b.*,
+        case
+            when s.replica = b.replica and s.block_hash = b.block_hash
+                then s.served_at
+        end as served_at,
+        case
+            when s.replica = b.replica and s.block_hash = b.block_hash
+                then s.served_turnover
+        end as served_turnover
+    from (
+        select
+            *,
+            (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
+            + epoch_us(looked_up_at) as needed_key
+        from fallback_lookups
+    ) as b
+    asof left join (
+        select s.*
+        from served_keyed as s
+        semi join (select distinct replica, block_hash from fallback_lookups) as p
+            on s.replica = p.replica
+            and s.block_hash = p.block_hash
+    ) as s
+        on b.needed_key >= s.served_key
+),
+
+fallback_held as (
+    select
+        b.decision_key,
+        b.replica,
+        max(b.block_pos) filter (
+            where coalesce(
+                    b.served_at >= l.served_since
+                    and (l.cache_room is null or l.turnover_at - b.served_turnover <= l.cache_room),
+                    false
+                )
+        ) as held_blocks
+    from fallback_served as b
+    inner join alternative_limits as l
+        on b.decision_key = l.decision_key
+        and b.replica = l.replica
+    group by b.decision_key, b.replica
+),
+
 candidate_prefix_held as (
-    -- the longest prefix the replica still held at the decision, served there within 300 s.
+    -- the longest prefix the replica still held at the decision: the deepest position held.
     -- Hashes are chained: a block served at position k means the k blocks before it were
-    -- served with it. A busy replica's LRU prefix cache turns over: a block counts as held
-    -- while the tokens newly allocated there since its service fit in the room its running
-    -- executions leave in the pool (capacity_seen); without a KV usage to size the pool, only
-    -- service within 30 s counts
+    -- served with it
     select
         a.decision_key,
         a.replica,
         a.n_blocks as prefix_n_blocks,
-        coalesce(h.held_blocks, 0) as prefix_held_blocks
+        coalesce(case when d.held then d.block_pos else f.held_blocks end, 0)
+            as prefix_held_blocks
     from candidate_alternatives as a
-    left join (
-        select
-            b.decision_key,
-            b.replica,
-            max(b.block_pos) filter (
-                where
-                    b.served_at >= b.looked_up_at - interval 300 second
-                    and case
-                        when c.cache_room is not null then b.turnover_since <= c.cache_room
-                        else b.served_at >= b.looked_up_at - interval 30 second
-                    end
-            ) as held_blocks
-        from blocks_turnover as b
-        left join capacity_seen as c
-            on b.decision_key = c.decision_key
-            and b.replica = c.replica
-        where b.side = 'alternative'
-        group by b.decision_key, b.replica
-    ) as h
-        on a.decision_key = h.decision_key
-        and a.replica = h.replica
+    left join deepest_held as d
+        on a.decision_key = d.decision_key
+        and a.replica = d.replica
+    left join fallback_held as f
+        on a.decision_key = f.decision_key
+        and a.replica = f.replica
 ),
 
 candidates_with_state as (
