@@ -60,7 +60,8 @@ import polars as pl  # noqa: E402
 
 DEFAULT_SCENARIOS = ("baseline", "stale_telemetry", "herding", "eviction_pressure",
                      "load_blind_cache", "slow_replica", "overload_bursts", "mixed",
-                     "draining_polls", "no_pending_correction", "partial_prefix_index", "ties")
+                     "draining_polls", "no_pending_correction", "partial_prefix_index",
+                     "last_replica_prefix_index", "ties")
 FOCUS = ("misrouting", "eviction", "stale_telemetry")
 """Causes the goal is set on (precision >= 0.9, recall >= 0.8 on every scenario)."""
 GT_CAUSES = ("misrouting", "eviction", "stale_telemetry", "overload", "slow_replica",

@@ -131,6 +131,10 @@ class RouterConfig:
         2_000_000, "router's approximate prefix tree: max tokens remembered per replica"
     )
     tree_eviction_interval_s: float = _f(60.0, "router's tree: LRU eviction period (SGLang: 60 s)")
+    prefix_index: Literal["per_replica", "last_replica"] = _f(
+        "per_replica", "router's prefix index: the prefixes sent to each replica, or only the "
+        "last replica that received each prefix"
+    )
 
     def validate(self) -> None:
         if not self.telemetry_interval_s > 0:
@@ -145,6 +149,8 @@ class RouterConfig:
             raise ConfigError("router.forward_latency_s must be >= 0")
         if self.tree_max_tokens < 0 or not self.tree_eviction_interval_s > 0:
             raise ConfigError("router tree limits must be positive")
+        if self.prefix_index not in ("per_replica", "last_replica"):
+            raise ConfigError(f"router.prefix_index: unknown {self.prefix_index!r}")
         from .policies import POLICIES  # late import: policies import this module
 
         if self.policy not in POLICIES:

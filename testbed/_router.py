@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from ._config import CostModel, RouterConfig
-from ._prefix_tree import PrefixTree
+from ._prefix_tree import LastReplicaIndex, PrefixTree
 from ._replica import Snapshot
 from ._requests import Request
 from .policies import CandidateView, CandidateViewBuilder, Choice, RequestView, make_policy
@@ -131,7 +131,10 @@ class Router:
         self.exp_out = expected_output_tokens
         self.rng = rng
         self.policy = make_policy(cfg.policy, cfg, cost, max_batched_tokens)
-        self.tree = PrefixTree(n_replicas, cfg.tree_max_tokens) if self.policy.uses_prefix else None
+        self.tree: PrefixTree | LastReplicaIndex | None = None
+        if self.policy.uses_prefix:
+            kind = LastReplicaIndex if cfg.prefix_index == "last_replica" else PrefixTree
+            self.tree = kind(n_replicas, cfg.tree_max_tokens)
         self.snapshots: list[Snapshot] = []
         # per replica: (time the replica has it, prefill tokens, total tokens), oldest first
         self.pending: list[_Pending] = [_Pending() for _ in range(n_replicas)]

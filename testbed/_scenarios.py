@@ -77,6 +77,13 @@ SCENARIOS: dict[str, Scenario] = {
                  "hold and remembers some they evicted",
                  fleet=lambda f: _replica(_router(f, policy="cache_aware", tree_max_tokens=20_000),
                                           kv_capacity_tokens=150_000)),
+        Scenario("last_replica_prefix_index", "cache_aware router whose prefix index remembers "
+                 "only the last replica that received each prefix, on a 150k-token KV pool: it "
+                 "predicts cold where an earlier replica still holds the prefix and hot where "
+                 "the last one evicted it",
+                 fleet=lambda f: _replica(_router(f, policy="cache_aware",
+                                                  prefix_index="last_replica"),
+                                          kv_capacity_tokens=150_000)),
         Scenario("ties", "least_load router on 0.25 s polling: idle replicas tie, broken by "
                  "replica order", fleet=lambda f: _router(f, policy="least_load")),
         Scenario("mixed", "the demo: 2 s telemetry polling, a smaller KV pool (200k tokens) and "
