@@ -11,7 +11,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from audit import _relations
-from audit._store import Store
+from audit._store import Store, _tune
 from routeaudit._demo import SAMPLE_DIR, write_sample_store
 
 
@@ -20,9 +20,17 @@ def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = write_sample_store(tmp_path_factory.mktemp("cache") / "sample.duckdb")
     # the sample is smaller than CACHE_MIN_SPANS: build the cached relations explicitly
     con = duckdb.connect(str(path))
+    _tune(con)
     _relations.refresh(con, cache_defaults=True)
     con.close()
     return path
+
+
+def _read(path: Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection tuned as a store's readers are."""
+    con = duckdb.connect(str(path), read_only=True)
+    _tune(con)
+    return con
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
@@ -30,7 +38,7 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
 
 
 def test_cached_relations_equal_their_live_computation(sample_store: Path) -> None:
-    con = duckdb.connect(str(sample_store), read_only=True)
+    con = _read(sample_store)
     assert set(_relations.cached()) == {"attributions", "slow_requests", "slo_summary",
                                         "calibration", "herding_episodes",
                                         "int_attr_requests_placed", "int_attr_calibration_parts"}
@@ -45,7 +53,7 @@ def test_cached_relations_equal_their_live_computation(sample_store: Path) -> No
 @pytest.mark.parametrize("variable, value", [("routeaudit_ttft_slo_ms", 300.0),
                                              ("routeaudit_cause_min_frac", 0.01)])
 def test_other_settings_are_computed_live(sample_store: Path, variable: str, value: float) -> None:
-    con = duckdb.connect(str(sample_store), read_only=True)
+    con = _read(sample_store)
     default = _rows(con, "select * from attributions")
     con.execute(f"set variable {variable} = {value}")
     got = _rows(con, "select * from attributions")
@@ -70,23 +78,30 @@ def test_each_cache_follows_only_the_variables_it_reads() -> None:
     assert reads["int_attr_candidates_state"] == set()
 
 
+@pytest.fixture(scope="module")
+def uncached_store(sample_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample store rebuilt without the default-SLO tables (read only by its users)."""
+    import shutil
+
+    plain = tmp_path_factory.mktemp("uncached") / "plain.duckdb"
+    shutil.copyfile(sample_store, plain)
+    con = duckdb.connect(str(plain))
+    _tune(con)
+    _relations.refresh(con, cache_defaults=False)
+    con.close()
+    return plain
+
+
 @pytest.mark.parametrize("settings", [
     {"routeaudit_ttft_slo_ms": 200, "routeaudit_tpot_slo_ms": 6},
     {"routeaudit_cause_min_frac": 0.01},
     {"routeaudit_ttft_slo_ms": 300, "routeaudit_lookback_ms": 5000},
 ], ids=["slo", "threshold", "both"])
-def test_a_cached_store_answers_as_an_uncached_one(sample_store: Path, tmp_path: Path,
+def test_a_cached_store_answers_as_an_uncached_one(sample_store: Path, uncached_store: Path,
                                                     settings: dict[str, float]) -> None:
     """Whatever a reader sets, the caches change nothing: every public relation equals the one
     of the same store built without them (everything computed from the tables at query time)."""
-    import shutil
-
-    plain = tmp_path / "plain.duckdb"
-    shutil.copyfile(sample_store, plain)
-    con = duckdb.connect(str(plain))
-    _relations.refresh(con, cache_defaults=False)
-    con.close()
-    cached, uncached = (duckdb.connect(str(p), read_only=True) for p in (sample_store, plain))
+    cached, uncached = _read(sample_store), _read(uncached_store)
     assert uncached.sql("select count(*) from information_schema.tables "
                         "where table_name like '%__cached'").fetchall()[0][0] == 0
     for con in (cached, uncached):
@@ -128,7 +143,7 @@ def test_a_scope_gives_the_same_live_rows(sample_store: Path) -> None:
     import audit
     from audit import queries
 
-    con = duckdb.connect(str(sample_store), read_only=True)
+    con = _read(sample_store)
     con.execute("set variable routeaudit_ttft_slo_ms = 300.0")
     runs = [r[0] for r in con.sql("select distinct run_id from requests order by 1").fetchall()]
     assert len(runs) >= 2
@@ -213,16 +228,17 @@ def test_the_slow_page_query_is_the_two_queries(sample_store: Path) -> None:
 
 
 def test_projection_views_are_not_stored_and_change_no_result(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        sample_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A relation kept as a view (``PROJECTION_VIEWS``: ``stg_spans``) is not written at a
     refresh, and every table built from it holds what it holds when the relation is stored."""
-    stores = {}
-    for form, as_views in (("view", _relations.PROJECTION_VIEWS), ("table", ())):
-        monkeypatch.setattr(_relations, "PROJECTION_VIEWS", as_views)
-        path = write_sample_store(tmp_path / f"{form}.duckdb")
-        con = duckdb.connect(str(path))
-        _relations.refresh(con, cache_defaults=True)
-        stores[form] = con
+    # the module's store is built as the relations are by default: its projections are views
+    stores = {"view": _read(sample_store)}
+    monkeypatch.setattr(_relations, "PROJECTION_VIEWS", ())
+    path = write_sample_store(tmp_path / "table.duckdb")
+    con = duckdb.connect(str(path))
+    _tune(con)
+    _relations.refresh(con, cache_defaults=True)
+    stores["table"] = con
     try:
         kinds = {form: dict(con.sql(
             "select table_name, table_type from information_schema.tables "

@@ -3,6 +3,7 @@ incremental refresh and retention, and a store with partitions small enough for 
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,13 @@ _EVENT_NS = ("time_ns", "c_telemetry_ts_ns")
 
 
 def tiled_sample(copies: int = COPIES) -> dict[str, pa.Table]:
-    """The raw tables of ``copies`` copies of the sample, end to end."""
+    """The raw tables of ``copies`` copies of the sample, end to end (built once per process
+    for each ``copies``; Arrow tables are immutable, the dict is the caller's own)."""
+    return dict(_tiled(copies))
+
+
+@functools.cache
+def _tiled(copies: int) -> dict[str, pa.Table]:
     con = duckdb.connect()
     try:
         for t in RAW_TABLES:
