@@ -218,6 +218,22 @@ def cmd_sample_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from audit.merge import merge
+
+    report = merge(args.db, args.sources, refresh=not args.no_refresh,
+                   progress=None if args.quiet else _stderr)
+    refreshed = (f"relations refreshed ({report.refresh_kind}, {report.refresh_s:.1f} s)"
+                 if report.refresh_kind != "none" else "nothing to refresh")
+    print(f"merged {len(report.sources)} store(s) into {report.target}: {report.spans_new} new "
+          f"span(s), {report.snapshots_new} new scrape(s); {refreshed}")
+    return 0
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
 def cmd_spark(args: argparse.Namespace) -> int:
     from audit.spark import command
 
@@ -353,6 +369,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests one replica runs at once (default: observed peak)")
     p.add_argument("--run", default=None, help="only this run's executions")
     p.set_defaults(func=cmd_capacity)
+
+    p = sub.add_parser("merge", help="copy what is new in several stores (e.g. collectors behind a "
+                                     "load balancer) into one and refresh its relations")
+    p.add_argument("--db", required=True, help="target store (created if missing; no collector may hold it)")
+    p.add_argument("sources", nargs="+", metavar="SOURCE",
+                   help="source store files, read through their running collectors if any")
+    p.add_argument("--no-refresh", action="store_true",
+                   help="copy only: the next merge (or a collector on the target) rebuilds its relations")
+    p.add_argument("--quiet", action="store_true", help="no per-source lines on stderr")
+    p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser("spark", help="build the relations with Apache Spark over partitioned Parquet")
     p.add_argument("--raw", required=True,
