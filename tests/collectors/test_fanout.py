@@ -44,6 +44,7 @@ import testbed
 from audit import _relations
 from audit._store import Store
 from audit.merge import MARKS_TABLE, merge
+from testbed import FleetConfig, RouterConfig
 from testbed.emit import OTelEmitter
 from tests.conftest import free_port
 
@@ -233,9 +234,14 @@ def wait_spans(dbs: Sequence[Path], want: int) -> None:
         time.sleep(0.2)
 
 
-def emit_run(exporter: TeeExporter, seed: int, n_requests: int) -> None:
-    em = OTelEmitter(exporter)
-    testbed.prepare_scenario("mixed", seed=seed, n_requests=n_requests, replicas=4, emitter=em).run()
+def emit_run(exporter: SpanExporter, seed: int, n_requests: int, *, batch: bool = True,
+             t0_ns: int | None = None) -> None:
+    """One testbed run (the ``mixed`` scenario) through ``exporter``."""
+    em = OTelEmitter(exporter, batch=batch)
+    fleet = None if t0_ns is None else FleetConfig(
+        n_replicas=4, router=RouterConfig(policy="qp_cost"), t0_ns=t0_ns)
+    testbed.prepare_scenario("mixed", seed=seed, n_requests=n_requests, replicas=4, emitter=em,
+                             fleet=fleet).run()
     em.close()
     assert em.errors == 0
 
@@ -310,7 +316,10 @@ def test_two_collectors_merged_link_every_request_once(
     wait_spans([a, b], sender.spans)
     wait_spans([single.db], sender.spans)
     assert min(balancer.forwarded) > 0, balancer.forwarded
-    assert split_requests(a, b) > 0, "some broken traces must have their sides on both collectors"
+    split = split_requests(a, b)
+    print(f"fan-out: {split} request(s) with client and router on different collectors; "
+          f"spans per collector {balancer.forwarded}")
+    assert split > 0, "some broken traces must have their sides on both collectors"
 
     # the collectors keep running: the sources are read through their query endpoints
     assert all(c.proc.poll() is None for c in behind)
@@ -320,20 +329,28 @@ def test_two_collectors_merged_link_every_request_once(
     assert_linked_once(merged, 150)
     assert_same_relations(merged, single.db)
 
-    # more spans arrive; the next merge copies only them
+    # more spans arrive, while merges run: each copies only what is new, none loses a span
     before = sender.spans
-    emit_run(sender, seed=1, n_requests=100)
+    emitting = threading.Thread(target=emit_run, args=(sender, 1, 100))
+    emitting.start()
+    during = []
+    while emitting.is_alive():
+        during.append(merge(merged, [a, b], refresh=False))
+    emitting.join()
     wait_spans([a, b], sender.spans)
     wait_spans([single.db], sender.spans)
-    second = merge(merged, [a, b])
-    assert second.spans_new == sender.spans - before
+    last = merge(merged, [a, b])
+    print("fan-out: merges during emission copied",
+          [m.spans_new for m in during], "then", last.spans_new, "of", sender.spans - before)
+    assert during, "merges ran while spans arrived"
+    assert sum(m.spans_new for m in [*during, last]) == sender.spans - before
     assert spans_in(merged) == sender.spans
     single.wait_relations()
     assert_linked_once(merged, 250)
     assert_same_relations(merged, single.db)
     # nothing new: nothing read, nothing copied
-    third = merge(merged, [a, b])
-    assert third.spans_new == 0 and sum(s.spans_read for s in third.sources) == 0
+    again = merge(merged, [a, b])
+    assert again.spans_new == 0 and sum(s.spans_read for s in again.sources) == 0
 
 
 # -- offline: late rows, scrapes, duplicates, errors -----------------------------------------
@@ -349,15 +366,14 @@ def _events_of(spans: pa.Table, events: pa.Table) -> pa.Table:
     return events.filter(pc.is_in(key(events), value_set=key(spans)))
 
 
-def _testbed_batch(seed: int, n: int) -> tuple[pa.Table, pa.Table]:
+def _testbed_batch(seed: int, n: int, t0_ns: int | None = None) -> tuple[pa.Table, pa.Table]:
+    """A testbed run's spans and events as a collector decodes them, traces broken as above."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from collectors.otlp._decode import decode_protobuf
 
     mem = InMemorySpanExporter()
-    em = OTelEmitter(mem, batch=False)
-    testbed.prepare_scenario("mixed", seed=seed, n_requests=n, replicas=4, emitter=em).run()
-    em.close()
+    emit_run(mem, seed, n, batch=False, t0_ns=t0_ns)
     req = encode_spans(mem.get_finished_spans())
     break_traces(req)
     out = decode_protobuf(req.SerializeToString(), time.time_ns())
@@ -442,3 +458,44 @@ def test_bad_sources_are_one_line_errors(tmp_path: Path) -> None:
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0
     assert "does not exist" in out.stderr and not (tmp_path / "m2.duckdb").exists()
+
+
+SETTINGS = {"partition_s": "60", "window_partitions": "2", "lateness_s": "5", "max_request_s": "120"}
+"""Partitions of 60 s: runs laid over half an hour close many of them."""
+
+
+def _store(path: Path, incremental: bool) -> Store:
+    store = Store(path, incremental=incremental)
+    store._con.execute("insert or replace into routeaudit_meta select * from (values "
+                       + ", ".join(f"('{k}', '{v}')" for k, v in SETTINGS.items()) + ")")
+    return store
+
+
+def test_closed_partitions_of_the_sources_are_merged(tmp_path: Path) -> None:
+    """Sources refreshed by slices move old partitions to Parquet; the merge reads them too."""
+    t0 = 1_767_225_600_000_000_000
+    sources = [_store(tmp_path / "a.duckdb", True), _store(tmp_path / "b.duckdb", True)]
+    single = _store(tmp_path / "single.duckdb", False)
+    try:
+        for k in range(8):  # eight runs of 45 s, three minutes apart
+            spans, events = _testbed_batch(seed=10 + k, n=30, t0_ns=t0 + k * 180 * 10**9)
+            single.append(spans=spans, events=events)
+            side = pa.array([collector_of(bytes.fromhex(t), 2) for t in spans["trace_id"].to_pylist()])
+            for n, src in enumerate(sources):
+                part = spans.filter(pc.equal(side, n))
+                src.append(spans=part, events=_events_of(part, events))
+                src.refresh()
+        assert all(s.closed_until_ns is not None for s in sources)
+        closed = [int(s.query_arrow("select count(*) as n from raw_spans").column("n")[0].as_py())
+                  - int(s._con.execute("select count(*) from raw_spans").fetchall()[0][0])
+                  for s in sources]
+        assert min(closed) > 0, closed  # spans in Parquet, not in the DuckDB tables
+    finally:
+        for s in (*sources, single):
+            s.close()
+    merged = tmp_path / "merged.duckdb"
+    report = merge(merged, [tmp_path / "a.duckdb", tmp_path / "b.duckdb"])
+    assert report.spans_new == spans_in(tmp_path / "single.duckdb")
+    assert_same_relations(merged, tmp_path / "single.duckdb")
+    again = merge(merged, [tmp_path / "a.duckdb", tmp_path / "b.duckdb"])
+    assert again.spans_new == 0
