@@ -15,6 +15,7 @@ import duckdb
 import pytest
 
 from audit import _relations
+from audit._store import _tune
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -185,6 +186,7 @@ class Fleet:
 
     def store(self) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect()
+        _tune(con)
         for raw in ("raw_spans", "raw_span_events", "raw_snapshots"):
             con.execute((ROOT / "audit" / "sql" / "raw" / f"{raw}.sql").read_text())
         con.execute("create table routeaudit_meta (key varchar primary key, value varchar)")
@@ -211,11 +213,15 @@ class Fleet:
 
 def install_attribution(con: duckdb.DuckDBPyConnection) -> None:
     """The attribution's relations: its ``int_attr_*`` steps and the marts built on the marts,
-    with the partitioning settings they window by."""
-    for rel in _relations.load_relations():
+    with the partitioning settings they window by; tables and views as a store's refresh makes
+    them (the parametrised ones are views, so a session variable set later is read)."""
+    rels = _relations.load_relations()
+    as_views = _relations.views(rels)
+    for rel in rels:
         attribution = rel.name.startswith("int_attr_") or (rel.layer == "marts" and rel.name not in MART_COLUMNS)
         if attribution or rel.name == "stg_partitioning":
-            con.execute(f"create or replace view {rel.name} as\n{rel.sql.strip().rstrip(';')}")
+            kind = "view" if rel.name in as_views else "table"
+            con.execute(f"create or replace {kind} {rel.name} as\n{rel.sql.strip().rstrip(';')}")
 
 
 def rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None
