@@ -499,3 +499,66 @@ def test_closed_partitions_of_the_sources_are_merged(tmp_path: Path) -> None:
     assert_same_relations(merged, tmp_path / "single.duckdb")
     again = merge(merged, [tmp_path / "a.duckdb", tmp_path / "b.duckdb"])
     assert again.spans_new == 0
+
+
+# -- the OpenTelemetry Collector configuration in deploy/ ------------------------------------
+DEPLOY = ROOT / "deploy" / "otel-collector"
+
+
+def test_loadbalancing_config_routes_by_trace_id_to_the_documented_collectors() -> None:
+    """The otelcol-contrib binary is not installable here: the file's structure is checked, and
+    its endpoints against the commands its README and header give."""
+    import re
+
+    import yaml
+
+    text = (DEPLOY / "loadbalancing.yaml").read_text()
+    cfg = yaml.safe_load(text)
+    exporter = cfg["exporters"]["loadbalancing"]
+    assert exporter["routing_key"] == "traceID"
+    otlp = exporter["protocol"]["otlp"]
+    assert "endpoint" not in otlp and otlp["tls"]["insecure"] is True
+    assert otlp["retry_on_failure"]["enabled"] is True
+    hostnames = exporter["resolver"]["static"]["hostnames"]
+    assert list(exporter["resolver"]) == ["static"] and len(hostnames) == 2
+    pipeline = cfg["service"]["pipelines"]["traces"]
+    assert pipeline == {"receivers": ["otlp"], "exporters": ["loadbalancing"]}
+    protocols = cfg["receivers"]["otlp"]["protocols"]
+    assert protocols["grpc"]["endpoint"].endswith(":4317")
+    assert protocols["http"]["endpoint"].endswith(":4318")
+    readme = (DEPLOY / "README.md").read_text()
+    for doc in (readme, text):
+        started = re.findall(r"routeaudit collect --db (\S+) --grpc-port (\d+) --http-port (\d+)", doc)
+        assert [f"127.0.0.1:{grpc}" for _, grpc, _ in started] == hostnames, doc[:200]
+        stores = [db for db, _, _ in started]
+        assert f"routeaudit merge --db merged.duckdb {' '.join(stores)}" in doc
+    # every command line the README shows parses with routeaudit's own parser
+    from routeaudit.cli import build_parser
+
+    for line in re.findall(r"^(routeaudit (?:collect|merge) .*?)(?:\s+#.*)?$", readme, re.M):
+        build_parser().parse_args(line.split()[1:])
+
+
+def test_collector_takes_gzip_otlp_grpc_as_the_loadbalancing_exporter_sends(tmp_path: Path) -> None:
+    """The exporter speaks OTLP/gRPC with gzip compression by default: a routeaudit collector
+    stores such exports (the Python SDK's gRPC exporter, gzip on)."""
+    from grpc import Compression
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+        OTLPSpanExporter as GrpcExporter,
+    )
+
+    from collectors.otlp import Collector as InProcess
+    from collectors.otlp import CollectorConfig
+    from tests.sdk_spans import finished_spans
+
+    with InProcess(CollectorConfig(db_path=tmp_path / "audit.duckdb", http_port=0,
+                                   grpc_port=0)) as c:
+        assert c.grpc_target is not None
+        exporter = GrpcExporter(endpoint=c.grpc_target, insecure=True,
+                                compression=Compression.Gzip)
+        try:
+            assert exporter.export(finished_spans(5)) == SpanExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+        assert c._store is not None
+        assert c._store.query_arrow("select count(*) as n from raw_spans")["n"][0].as_py() == 5
