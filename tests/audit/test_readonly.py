@@ -5,6 +5,7 @@ endpoint), and runaway queries are bounded and can be stopped."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,13 +64,23 @@ READS = [
 ]
 
 
-@pytest.fixture
-def filled_store(tmp_path: Path) -> Path:
-    path = tmp_path / "audit.duckdb"
+@pytest.fixture(scope="module")
+def _filled_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("filled") / "audit.duckdb"
     store = Store(path)
     spans, events = scenario_rows().tables()
     store.append(spans=spans, events=events)
     store.close()
+    return path
+
+
+@pytest.fixture
+def filled_store(_filled_template: Path, tmp_path: Path) -> Path:
+    """A closed store holding the scenario rows, each test's own copy (tests try to write)."""
+    files = sorted(_filled_template.parent.iterdir())
+    assert [f.name for f in files] == [_filled_template.name], files
+    path = tmp_path / _filled_template.name
+    shutil.copyfile(_filled_template, path)
     return path
 
 
