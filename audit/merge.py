@@ -10,6 +10,9 @@ relations link and judge the requests over every source's spans.
 Sources are read as any reader reads them (:func:`audit.open`): through the query endpoint of
 the collector that is running on one, else read-only. Their closed partitions (Parquet beside
 the store) are read with the rest. Queries of raw tables never wait for a collector's rebuild.
+Spans are read in pages ordered by (``received_ns``, ``trace_id``, ``span_id``), each page's
+events by a second query over the same keys (a span's events commit with it, so they are all
+there when the span is).
 
 What is new since the last merge is found per source from a fingerprint of each minute of
 receipt time (``received_ns`` for spans, ``scraped_ns`` for scrapes: row count and XOR of the
@@ -31,7 +34,6 @@ from typing import Any, Final
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from audit import _closed
 from audit._errors import AuditError, StoreError
@@ -58,7 +60,6 @@ SETTINGS: Final = ("partition_s", "window_partitions", "lateness_s", "max_reques
 """Store settings (``routeaudit_meta``) the target must share with its sources: they decide
 how requests fall into partitions."""
 
-_EVENTS: Final = "_routeaudit_events"
 _LIMITS: Final = QueryLimits(timeout_s=600.0, max_rows=None, max_bytes=None)
 
 
@@ -136,6 +137,8 @@ def merge(target: str | os.PathLike[str], sources: Sequence[str | os.PathLike[st
             report.refresh_s = store.refresh()
             report.refresh_kind = store.last_refresh_kind
     finally:
+        # close() would refresh what is pending: not when asked not to, nor after an error
+        store.stop_work()
         store.close()
     return report
 
@@ -223,14 +226,18 @@ _FINGERPRINT: Final = (
     f"union all select 'snapshots', scraped_ns // {BUCKET_S * 1_000_000_000}, count(*), "
     "bit_xor(scraped_ns) from raw_snapshots group by all")
 
+_PAGE_KEYS: Final = ("received_ns >= ? and received_ns < ? "
+                     "and (received_ns, trace_id, span_id) > (?, ?, ?)")
+
 _SPANS_PAGE: Final = (
-    "with p as materialized (select * from raw_spans where received_ns >= ? and received_ns < ? "
-    "and (received_ns, trace_id, span_id) > (?, ?, ?) "
-    "order by received_ns, trace_id, span_id limit ?), "
-    f"ev as (select e.trace_id, e.span_id, list(e order by e.event_index) as {_EVENTS} "
-    "from raw_span_events as e semi join p using (trace_id, span_id) group by all) "
-    f"select p.*, ev.{_EVENTS} from p left join ev using (trace_id, span_id) "
-    "order by p.received_ns, p.trace_id, p.span_id")
+    f"select * from raw_spans where {_PAGE_KEYS} order by received_ns, trace_id, span_id limit ?")
+
+_EVENTS_PAGE: Final = (
+    "select e.* from raw_span_events as e semi join (select trace_id, span_id from raw_spans "
+    f"where {_PAGE_KEYS} and (received_ns, trace_id, span_id) <= (?, ?, ?)) as p "
+    "using (trace_id, span_id)")
+"""The events of a page of spans: those of every span from the page's first key to its last
+(a span's events commit with it, so every event of the page's spans is there)."""
 
 _SNAPSHOTS_PAGE: Final = (
     "select * from raw_snapshots where scraped_ns >= ? and scraped_ns < ? order by scraped_ns")
@@ -254,12 +261,15 @@ def _merge_source(store: Store, cur: duckdb.DuckDBPyConnection, key: str, reader
             if not page.num_rows:
                 break
             done.spans_read += page.num_rows
-            spans, events = _new_spans(cur, page)
+            last = page.slice(page.num_rows - 1).select(["received_ns", "trace_id", "span_id"])
+            upto = tuple(last.to_pylist()[0].values())
+            events = _query(reader, key, _EVENTS_PAGE,
+                            [lo * bucket_ns, hi * bucket_ns, *after, *upto])
+            spans, new_events = _new_spans(cur, page, events)
             if spans.num_rows:
-                done.spans_new += store.append(spans=spans, events=events)
-                done.events_new += events.num_rows if events is not None else 0
-            last = page.slice(page.num_rows - 1).to_pylist()[0]
-            after = (int(last["received_ns"]), str(last["trace_id"]), str(last["span_id"]))
+                done.spans_new += store.append(spans=spans, events=new_events)
+                done.events_new += new_events.num_rows if new_events is not None else 0
+            after = (int(upto[0]), str(upto[1]), str(upto[2]))
             if page.num_rows < page_rows:
                 break
     for lo, hi in _ranges(seen, marked, "snapshots", page_rows):
@@ -298,24 +308,30 @@ def _ranges(seen: dict[tuple[str, int], tuple[int, Any]],
         yield lo, hi
 
 
-def _new_spans(cur: duckdb.DuckDBPyConnection, page: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+def _new_spans(cur: duckdb.DuckDBPyConnection, page: pa.Table,
+               events: pa.Table) -> tuple[pa.Table, pa.Table | None]:
     """The spans of ``page`` the target lacks (its closed partitions included), and their
-    events as rows of ``raw_span_events``."""
+    events among ``events``."""
     cur.register("_rm_page", page)
+    cur.register("_rm_events", events)
     try:
-        new = cur.sql(
+        spans = cur.sql(
             "select p.* from _rm_page as p where not exists (select 1 from raw_spans as s "
             "where s.trace_id = p.trace_id and s.span_id = p.span_id "
             "and s.start_ns between (select min(start_ns) from _rm_page) "
             "and (select max(start_ns) from _rm_page))").to_arrow_table()
+        if not spans.num_rows or not events.num_rows:
+            return spans, None
+        cur.register("_rm_new", spans)
+        try:
+            new_events = cur.sql("select e.* from _rm_events as e semi join _rm_new "
+                                 "using (trace_id, span_id)").to_arrow_table()
+        finally:
+            cur.unregister("_rm_new")
     finally:
         cur.unregister("_rm_page")
-    nested = new.column(_EVENTS)
-    spans = new.drop_columns([_EVENTS])
-    flat = pc.list_flatten(nested)
-    if not len(flat):
-        return spans, None
-    return spans, pa.Table.from_struct_array(flat)
+        cur.unregister("_rm_events")
+    return spans, new_events if new_events.num_rows else None
 
 
 def _new_snapshots(cur: duckdb.DuckDBPyConnection, page: pa.Table) -> pa.Table:
