@@ -166,19 +166,12 @@ kv_pressure as (
 estimated as (
     select
         s.* exclude (cached_assumed_tokens, cache_source),
-        -- a replica whose KV pool was under pressure when the router sampled it may have
-        -- evicted blocks it served: its history then vouches only for what the router also
-        -- predicted
-        case
-            when s.cache_source = 'prefix_history' and s.seen_kv_usage >= t.kv_pressure
-                then least(s.cached_assumed_tokens, coalesce(s.predicted_cached_tokens, 0))
-            else s.cached_assumed_tokens
-        end as cached_assumed_tokens,
-        case
-            when s.cache_source = 'prefix_history' and s.seen_kv_usage >= t.kv_pressure
-                then 'prefix_history_under_pressure'
-            else s.cache_source
-        end as cache_source,
+        -- an alternative's cache is its own prefix history, bounded by its turnover and room
+        -- (int_attr_candidates_state), never capped at the router's prediction, even where
+        -- its KV usage was high: an index that keeps one replica per prefix predicts 0 where
+        -- the replica still holds it
+        s.cached_assumed_tokens,
+        s.cache_source,
         j.input_tokens,
         coalesce(
             s.episode_decisions >= t.herding_min_decisions
