@@ -50,7 +50,7 @@ from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 90.0
-COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attributes"}]
+COMPARED = _relations.public_relations()
 PROTOBUF = {"content-type": "application/x-protobuf"}
 
 
