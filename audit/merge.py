@@ -114,6 +114,9 @@ def merge(target: str | os.PathLike[str], sources: Sequence[str | os.PathLike[st
             raise StoreError(f"{path} is the merge target; a store cannot be its own source")
         if key not in {k for k, _ in keys}:
             keys.append((key, path))
+    if _live_collector(target_path) is not None:
+        raise StoreError(f"a collector is running on {target_path}: merge into a store no "
+                         "collector writes (and collect into the sources)")
     readers = [(key, _open_source(path)) for key, path in keys]
     settings = _common_settings(readers)
     fresh = not target_path.exists()

@@ -323,6 +323,8 @@ def test_two_collectors_merged_link_every_request_once(
 
     # the collectors keep running: the sources are read through their query endpoints
     assert all(c.proc.poll() is None for c in behind)
+    with pytest.raises(audit.StoreError, match="a collector is running on"):
+        merge(single.db, [a, b])
     first = merge(merged, [a, b])
     assert first.spans_new == sender.spans
     single.wait_relations()
