@@ -44,9 +44,9 @@ import testbed
 from audit import _relations
 from audit._store import Store
 from audit.merge import MARKS_TABLE, merge
+from collectors.routers import free_port
 from testbed import FleetConfig, RouterConfig
 from testbed.emit import OTelEmitter
-from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 90.0
