@@ -502,6 +502,18 @@ def test_closed_partitions_of_the_sources_are_merged(tmp_path: Path) -> None:
     again = merge(merged, [tmp_path / "a.duckdb", tmp_path / "b.duckdb"])
     assert again.spans_new == 0
 
+    # a target with closed partitions of its own: a source's spans it holds in Parquet are
+    # skipped, the others land, and its refresh by slices gives the single store's relations
+    b = spans_in(tmp_path / "b.duckdb")
+    into_a = merge(tmp_path / "a.duckdb", [tmp_path / "single.duckdb"])
+    assert into_a.spans_new == b
+    for table in ("raw_spans", "raw_span_events"):
+        q = f"select count(*) as n, count(distinct (trace_id, span_id)) as k from {table}"
+        assert (audit.open(tmp_path / "a.duckdb").query(q).rows()
+                == audit.open(tmp_path / "single.duckdb").query(q).rows()), table
+    assert_linked_once(tmp_path / "a.duckdb", 8 * 30)
+    assert_same_relations(tmp_path / "a.duckdb", tmp_path / "single.duckdb")
+
 
 # -- the OpenTelemetry Collector configuration in deploy/ ------------------------------------
 DEPLOY = ROOT / "deploy" / "otel-collector"
