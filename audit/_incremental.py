@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import duckdb
@@ -48,6 +48,21 @@ before the raw start of any of its spans."""
 LOOKBACK_NS: Final = 330 * 10**9
 """What a request's rows read before its anchor on its replicas: prefix blocks served up to 300 s
 earlier, KV usage over the 30 s lookback (int_attr_thresholds.lookback_ms)."""
+
+
+PART_CONTEXT: Final = ("int_clock_bounds_per_domain_pair", "int_clock_domain_spans",
+                      "int_clock_offsets")
+"""Per-partition relations a slice reads for the partitions before ``t0``'s as stored: the clock
+summaries of the windows its own partitions read, and the offsets that correct its context's
+spans. Their rows of those partitions equal a one-shot build's (no new row reaches them)."""
+
+WINDOW_INPUTS: Final = {
+    "int_attr_replica_fits": ("requests", "int_attr_executions_timed", "int_attr_idle_prefills"),
+    "int_attr_client_gaps": ("requests",),
+}
+"""Windowed summaries and the request-keyed relations they read: a slice gives them the stored
+rows of the requests of their window anchored before its recomputed region, so the region need
+not reach back over whole partitions."""
 
 
 @dataclass(frozen=True)
@@ -77,13 +92,23 @@ class Partitioning:
 @dataclass(frozen=True)
 class Plan:
     """What an incremental refresh recomputes: rows anchored at or after ``t0_ns``, from raw rows
-    starting at or after ``read_from_ns`` (and the earlier spans of their traces)."""
+    starting at or after ``recompute_from_ns`` (and the earlier spans of their traces), reading
+    the stored rows of the windowed summaries' earlier partitions (:data:`PART_CONTEXT`,
+    :data:`WINDOW_INPUTS`). ``read_from_ns`` is how far back the slice can reach at all: the
+    windows' partitions before ``t0``'s, which a slice recomputes from raw rows when stored
+    rows of them are missing (partitions it re-opened)."""
 
     t0_ns: int
     read_from_ns: int
+    recompute_from_ns: int
     dirty_rows: int
     finalising: int | None
     """The oldest partition whose verdicts this refresh makes final, if any."""
+
+    def without_stored_windows(self) -> Plan:
+        """The plan recomputing every window from raw rows, as a slice over re-opened partitions
+        does (their intermediate rows were not kept)."""
+        return replace(self, recompute_from_ns=self.read_from_ns)
 
 
 def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
@@ -145,13 +170,16 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
         # retention deleted the raw rows such a slice would read: rows anchored before the
         # floor keep the verdicts they have
         t0 = floor
-    # Windowed summaries of t0's partition read the window_partitions before it; a decision
-    # reads its replicas' recent past (LOOKBACK_NS); both from the same region.
-    # (a span of a request anchored at t0 may start SKEW_NS earlier on its own clock, in the
-    # partition before, whose clock window reaches one partition further back)
+    # A decision reads its replicas' recent past (LOOKBACK_NS), recomputed from raw rows with
+    # the whole of t0's partition (its per-partition summaries). The windowed summaries of t0's
+    # partition also read the window_partitions before it: their stored rows, or, when those
+    # are missing, raw rows back to read_from (a span of a request anchored at t0 may start
+    # SKEW_NS earlier on its own clock, in the partition before, whose clock window reaches
+    # one partition further back).
     window_from = parts.start_of(t0 - SKEW_NS) - parts.window_partitions * parts.partition_ns
     read_from = min(window_from, t0 - LOOKBACK_NS - SKEW_NS)
-    return Plan(t0, read_from, int(dirty_rows), finalising)
+    recompute_from = min(parts.start_of(t0), t0 - LOOKBACK_NS - SKEW_NS)
+    return Plan(t0, read_from, recompute_from, int(dirty_rows), finalising)
 
 
 def _slice_floor(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> int | None:
@@ -165,8 +193,8 @@ def _slice_floor(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> int | N
 
 def _restrict_raw(cur: duckdb.DuckDBPyConnection, db: str, pl: Plan, parts: Partitioning) -> None:
     raw = f'"{db}".main'
-    lo = int(pl.read_from_ns)
-    far = far_ns(pl, parts)
+    lo = int(pl.recompute_from_ns)
+    far = lo - parts.max_request_ns - SKEW_NS
     # A trace that reaches into the region brings its earlier spans (a retry minutes after the
     # first attempt must not make a request of its own), and so does a span still running when
     # the region starts (an execution in flight: whether a replica was idle or queued then).
@@ -180,8 +208,52 @@ def _restrict_raw(cur: duckdb.DuckDBPyConnection, db: str, pl: Plan, parts: Part
     cur.execute(f"create or replace temp view raw_span_events as select e.* "
                 f"from {raw}.raw_span_events as e semi join temp.main.raw_spans as s "
                 f"using (trace_id, span_id)")
+    # scrapes are few: the last one before a decision is found however long ago it was
     cur.execute(f"create or replace temp view raw_snapshots as select * "
-                f"from {raw}.raw_snapshots where scraped_ns >= {lo}")
+                f"from {raw}.raw_snapshots where scraped_ns >= {int(pl.read_from_ns)}")
+
+
+def _take_stored_partitions(con: duckdb.DuckDBPyConnection, main: str, name: str, pl: Plan,
+                            parts: Partitioning) -> None:
+    """Replace the slice's rows of ``name`` (a :data:`PART_CONTEXT` relation) for the partitions
+    before ``t0``'s, computed from a region that does not cover them, by the stored ones."""
+    p0 = pl.t0_ns // parts.partition_ns
+    # the windows of t0's partitions, and the spans of the context (a trace's earlier spans)
+    lo = min(p0 - parts.window_partitions,
+             (pl.recompute_from_ns - parts.max_request_ns - 2 * SKEW_NS) // parts.partition_ns)
+    con.execute(f"delete from temp.main.{name} where part < {p0}")
+    con.execute(f"insert into temp.main.{name} by name select * from {main}.{name} "
+                f"where part >= {lo} and part < {p0}")
+
+
+def _with_window_context(con: duckdb.DuckDBPyConnection, main: str, body: str,
+                         inputs: tuple[str, ...], pl: Plan, parts: Partitioning) -> str:
+    """``body`` reading, for each of ``inputs``, the slice's rows of the requests anchored from
+    where its region surely holds them whole (``recompute_from_ns`` + :data:`SKEW_NS`) and the
+    stored rows of the earlier requests of the windows of ``t0``'s partition: common table
+    expressions named after the inputs, which the relation's own references resolve to."""
+    whole_from = pl.recompute_from_ns + SKEW_NS
+    lo = pl.t0_ns // parts.partition_ns - parts.window_partitions
+    con.execute(f"create or replace temp table _window_new_requests as select request_key "
+                f"from temp.main.requests where anchor_ns >= {whole_from}")
+    con.execute(f"create or replace temp table _window_old_requests as select request_key "
+                f"from {main}.requests where part >= {lo} and anchor_ns < {whole_from}")
+    new_keys = "request_key in (select request_key from _window_new_requests)"
+    old_keys = "request_key in (select request_key from _window_old_requests)"
+    ctes = []
+    for name in inputs:
+        union = "union all"
+        if name == "int_attr_idle_prefills":
+            # a set of execution span ids
+            new = (f"span_id in (select span_id from temp.main.int_attr_executions_timed "
+                   f"where {new_keys})")
+            old = f"span_id in (select span_id from {main}.int_attr_executions_timed where {old_keys})"
+            union = "union"
+        else:
+            new, old = new_keys, old_keys
+        ctes.append(f"{name} as (select * from temp.main.{name} where {new} "
+                    f"{union} by name select * from {main}.{name} where {old})")
+    return "with " + ",\n".join(ctes) + f"\nselect * from (\n{body}\n)"
 
 
 def _columns(cur: duckdb.DuckDBPyConnection, qualified: str) -> list[str]:
@@ -279,6 +351,8 @@ def refresh(con: duckdb.DuckDBPyConnection,
             return None
         if store_path is not None:
             pl = _reopen_reached(con, store_path, parts, pl, moved)
+            if moved.partitions:
+                pl = pl.without_stored_windows()
         if on_plan is not None:
             on_plan(pl)
         spans = int(con.execute("select count(*) from raw_spans").fetchall()[0][0])
@@ -289,12 +363,17 @@ def refresh(con: duckdb.DuckDBPyConnection,
         con.execute(f"create or replace temp view routeaudit_meta as "
                     f"select * from {main}.routeaudit_meta where key <> 'judge_from_ns' "
                     f"union all select 'judge_from_ns', '{int(pl.t0_ns)}'")
+        stored_windows = pl.recompute_from_ns > pl.read_from_ns
         for rel in rels:
             kind = "view" if rel.name in as_views else "table"
             body = rel.sql.strip().rstrip(";")
             started = time.perf_counter()
+            if stored_windows and rel.name in WINDOW_INPUTS:
+                body = _with_window_context(con, main, body, WINDOW_INPUTS[rel.name], pl, parts)
             try:
                 con.execute(f"create or replace temp {kind} {rel.name} as\n{body}")
+                if stored_windows and rel.name in PART_CONTEXT:
+                    _take_stored_partitions(con, main, rel.name, pl, parts)
             except duckdb.Error as exc:
                 raise StoreError(f"relation {rel.layer}/{rel.name}.sql does not build over a "
                                  f"slice: {_relations._first(exc)}") from exc

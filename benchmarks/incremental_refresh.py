@@ -341,9 +341,11 @@ def plan_text(pl: _incremental.Plan | None, newest: int, parts: _incremental.Par
     fin = "" if pl.finalising is None else (
         f", finalising the partition starting {(newest - pl.finalising * parts.partition_ns) / 1e9:,.0f} s "
         "before the newest span")
-    return (f"t0 = newest − {(newest - pl.t0_ns) / 1e9:,.0f} s, read_from = newest − "
-            f"{(newest - pl.read_from_ns) / 1e9:,.0f} s (region {(newest - pl.read_from_ns) / 1e9:,.0f} s, "
-            f"owned {(newest - pl.t0_ns) / 1e9:,.0f} s), {pl.dirty_rows:,} marks{fin}")
+    return (f"t0 = newest − {(newest - pl.t0_ns) / 1e9:,.0f} s, recomputed from newest − "
+            f"{(newest - pl.recompute_from_ns) / 1e9:,.0f} s (region "
+            f"{(newest - pl.recompute_from_ns) / 1e9:,.0f} s, owned {(newest - pl.t0_ns) / 1e9:,.0f} s; "
+            f"windows reach newest − {(newest - pl.read_from_ns) / 1e9:,.0f} s), "
+            f"{pl.dirty_rows:,} marks{fin}")
 
 
 def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_step: bool,

@@ -35,6 +35,7 @@ def _offsets(pairs: list[Pair], reference: str = "d0", others: tuple[str, ...] =
     domains = {reference, *others} | {d for a, b, *_ in pairs for d in (a, b)}
     con.executemany("insert into stg_spans values (?, ?, 0)",
                     [(d, "client" if d == reference else "replica") for d in sorted(domains)])
+    con.execute(f"create view int_clock_domain_spans as {sqls['int_clock_domain_spans']}")
     con.execute("create table int_clock_bounds_per_domain_pair (part bigint, domain_a varchar, "
                 "domain_b varchar, pair_count bigint, lower_ns bigint, upper_ns bigint, "
                 "is_consistent boolean, offset_a_minus_b_ns bigint, median_midpoint_ns bigint)")

@@ -5,8 +5,9 @@
 --
 -- Partition p reads only the window of partitions p - window_partitions .. p: their bounds,
 -- merged per domain pair (max of lower bounds, min of upper bounds, as in
--- int_clock_bounds_per_domain_pair), and their spans for the reference. So a drifting clock is
--- followed window by window, and a later partition never changes an earlier one's offsets.
+-- int_clock_bounds_per_domain_pair), and their span counts for the reference
+-- (int_clock_domain_spans). So a drifting clock is followed window by window, and a later
+-- partition never changes an earlier one's offsets.
 -- The reference is the window's domain with the most client spans, else the most router spans,
 -- else the most spans (ties: name). Offsets propagate breadth-first from the reference over
 -- the window's domain pairs, a recursive walk with no hop limit (client -> router -> replica is
@@ -16,12 +17,6 @@
 -- (an edge on its path or touching it has empty bounds in the window: clock jump or drift) /
 -- unbounded (not connected to the reference: offset taken as 0). See docs/clock.md.
 with recursive
-
-stg_spans_source as not materialized (
-
-    select * from stg_spans
-
-),
 
 stg_partitioning_source as not materialized (
 
@@ -37,15 +32,7 @@ int_clock_bounds_per_domain_pair_source as not materialized (
 
 domains_per_part as materialized (
 
-    select
-        spans.start_ns // partitioning.partition_ns as part,
-        spans.clock_domain,
-        count(*) filter (where spans.span_role = 'client') as client_spans,
-        count(*) filter (where spans.span_role like 'router_%') as router_spans,
-        count(*) as spans
-    from stg_spans_source as spans
-    cross join stg_partitioning_source as partitioning
-    group by all
+    select * from int_clock_domain_spans
 
 ),
 

@@ -1,0 +1,130 @@
+"""Equivalence with wide partitions: a slice recomputes only its replicas' lookback from raw rows
+and reads the windowed summaries' earlier partitions as stored rows (audit._incremental:
+PART_CONTEXT, WINDOW_INPUTS), and still holds the relations of a one-shot build.
+
+With the 60 s partitions of test_incremental the windows lie inside the lookback, so no stored
+rows are read; here partitions are 150 s wide (two of them before a slice's own reach back 300
+to 450 s, beyond the 390 s it recomputes), over the sample tiled six times (about 17 minutes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+from tiled_sample import _norm, batches, relation_rows, tiled_sample
+
+from audit import _closed, _incremental, _relations
+from audit._store import Store
+
+SETTINGS = {"partition_s": "240", "window_partitions": "2", "lateness_s": "5",
+            "max_request_s": "60"}
+COPIES = 6
+COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attributes", "slo_targets"}]
+WINDOWED = ["int_clock_offsets", "int_clock_bounds_per_domain_pair", "int_clock_domain_spans",
+            "int_attr_replica_fits", "int_attr_client_gaps"]
+
+
+def _store(path: Path, incremental: bool) -> Store:
+    store = Store(path, incremental=incremental)
+    store._con.execute("insert or replace into routeaudit_meta select * from (values "
+                       + ", ".join(f"('{k}', '{v}')" for k, v in SETTINGS.items()) + ")")
+    return store
+
+
+def _one_run_per_policy(raw: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """The copies of each run joined into one run: windowed summaries are per run, so only a
+    run longer than a slice's recomputed region reads the stored rows of its earlier requests
+    (as a fleet without run ids, one run that never ends, always does). And one replica's
+    clock skewed and drifting, so that clock offsets depend on their windows."""
+    con = duckdb.connect()
+    try:
+        con.register("s", raw["raw_spans"])
+        con.register("e", raw["raw_span_events"])
+        t = int(con.execute("select min(start_ns) from s").fetchall()[0][0])
+        # replica-1's clock runs 40 ms ahead and drifts 20 us/s: its offsets differ partition by
+        # partition, and a window's bounds are those of all its partitions
+        skew = f"(40000000 + (start_ns - {t}) // 50000)"
+        con.execute(f"create table shifted as select trace_id, span_id, {skew} as skew_ns "
+                    f"from s where host_name = 'replica-1'")
+        spans = con.sql(
+            "select s.* replace (regexp_replace(a_run_id, '-c[0-9]+$', '') as a_run_id, "
+            "regexp_replace(r_run_id, '-c[0-9]+$', '') as r_run_id, "
+            "start_ns + coalesce(k.skew_ns, 0) as start_ns, end_ns + coalesce(k.skew_ns, 0) as end_ns) "
+            "from s left join shifted as k using (trace_id, span_id)").to_arrow_table()
+        events = con.sql("select e.* replace (time_ns + coalesce(k.skew_ns, 0) as time_ns) "
+                         "from e left join shifted as k using (trace_id, span_id)").to_arrow_table()
+    finally:
+        con.close()
+    return {**raw, "raw_spans": spans, "raw_span_events": events}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    patch = pytest.MonkeyPatch()
+    patch.setattr(_relations, "CACHE_MIN_SPANS", 0)
+    stored_requests: list[int] = []
+    original = _incremental._with_window_context
+
+    def counting(con: Any, main: str, *args: Any) -> str:
+        body = original(con, main, *args)
+        stored_requests.append(int(con.execute(
+            "select count(*) from _window_old_requests").fetchall()[0][0]))
+        return body
+
+    patch.setattr(_incremental, "_with_window_context", counting)
+    d = tmp_path_factory.mktemp("windows")
+    raw = _one_run_per_policy(tiled_sample(COPIES))
+    one = _store(d / "one.duckdb", incremental=False)
+    one.append(spans=raw["raw_spans"], events=raw["raw_span_events"],
+               snapshots=raw["raw_snapshots"])
+    one.refresh()
+    inc = _store(d / "inc.duckdb", incremental=True)
+    for batch in batches(raw, seed=5):
+        inc.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
+        inc.refresh()
+    try:
+        yield {"one": one, "inc": inc, "stored_requests": stored_requests}
+    finally:
+        one.close()
+        inc.close()
+        patch.undo()
+
+
+def test_slices_read_stored_rows_of_earlier_partitions(stores: dict[str, Any]) -> None:
+    # the windowed summaries of most slices read requests they did not recompute
+    used = [n for n in stores["stored_requests"] if n > 0]
+    assert len(used) >= 2, stores["stored_requests"]
+
+
+IDLE_FIT_INEXACT = pytest.mark.xfail(strict=True, reason=(
+    "known inexactness (as in test_incremental's ten batches): a partition's idle-prefill fit is "
+    "computed once from an idle set that later rows change, here one replica's drifting clock; "
+    "its long_prompt estimates differ by about 1 ms"))
+
+
+@pytest.mark.parametrize("relation", [
+    pytest.param(r, marks=IDLE_FIT_INEXACT) if r in {"attributions", "slow_requests"} else r
+    for r in COMPARED + WINDOWED])
+def test_wide_partitions_give_the_one_shot_relations(stores: dict[str, Any], relation: str) -> None:
+    one, inc = stores["one"], stores["inc"]
+    if relation in WINDOWED:
+        # steps between raw rows and the marts are not kept for closed partitions; the idle fit
+        # is the known inexactness above
+        until = _closed.closed_until(inc._con) or 0
+        idle = " exclude (idle_n, idle_slope, idle_attn_ms_per_token2, idle_intercept)" if (
+            relation == "int_attr_replica_fits") else ""
+        a, b = (sorted(repr(sorted((k, _norm(v)) for k, v in r.items())) for r in store.query_arrow(
+            f"select *{idle} from {relation} where part >= {until}").to_pylist())
+            for store in (one, inc))
+    else:
+        a, b = relation_rows(one, relation), relation_rows(inc, relation)
+    only_one = sorted(set(a) - set(b))[:3]
+    only_inc = sorted(set(b) - set(a))[:3]
+    assert len(a) == len(b) and not only_one and not only_inc, (
+        f"{relation}: one-shot {len(a)} rows, incremental {len(b)}\n"
+        f"only one-shot: {only_one}\nonly incremental: {only_inc}")
