@@ -158,13 +158,14 @@ LIVE_SUFFIX: Final = "__live"
 _DEFAULTED_VARIABLE = re.compile(r"coalesce\(\s*getvariable\('(\w+)'\)\s*,\s*([-0-9.]+)\s*\)")
 
 
-CACHED_INTERNAL: Final = ("int_attr_requests_placed", "int_attr_calibration_parts")
+CACHED_INTERNAL: Final = ("int_attr_requests_placed", "int_attr_calibration_parts",
+                           "int_slo_summary_parts")
 """Internal parametrised relations also materialised at the defaults. ``int_attr_requests_placed``
 reads the thresholds but not the SLO, so its table serves every reader who changes only the SLO
 (the dashboard's sidebar), and the public relations computed live for that reader read it instead
 of re-assessing every candidate. ``int_attr_calibration_parts`` is calibration's summary per
 partition: at the defaults a run's calibration merges its stored rows instead of re-assessing the
-run's whole history."""
+run's whole history; ``int_slo_summary_parts`` is the same for ``slo_summary``."""
 
 
 def cached(relations: list[Relation] | None = None) -> list[str]:

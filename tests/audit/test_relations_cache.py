@@ -41,7 +41,8 @@ def test_cached_relations_equal_their_live_computation(sample_store: Path) -> No
     con = _read(sample_store)
     assert set(_relations.cached()) == {"attributions", "slow_requests", "slo_summary",
                                         "calibration", "herding_episodes",
-                                        "int_attr_requests_placed", "int_attr_calibration_parts"}
+                                        "int_attr_requests_placed", "int_attr_calibration_parts",
+                                        "int_slo_summary_parts"}
     for name in _relations.cached():
         assert _rows(con, f"select * from {name}") == _rows(con, f"select * from {name}__live"), name
     assert con.sql("select count(*) from attributions").fetchall()[0][0] > 0

@@ -174,6 +174,7 @@ _MART_SQL = {
             lpad(printf('%x', i + 1), 32, '0') as trace_id, run_id,
             'model-x' as model, '/v1/completions' as endpoint, input_tokens,
             256::bigint as max_tokens, true as stream, client_start, client_start as first_seen_at,
+            (epoch_ns(client_start) // 300000000000)::bigint as part,
             case when status = 'ok' then ttft_ms end as ttft_ms,
             case when status = 'ok' and output_tokens >= 2 then tpot_raw end as tpot_ms,
             case when status = 'ok' then ttft_ms + tpot_raw * (output_tokens - 1) end as e2e_ms,

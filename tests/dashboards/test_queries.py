@@ -36,7 +36,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     [ok[1]])
         con.execute("update requests set status = null, ttft_ms = 2500 where request_key = ?",
                     [ok[2]])
-        _create_views(con, "slo_summary")
+        _create_views(con, "int_slo_summary_parts", "slo_summary")
         con.execute("checkpoint")
     finally:
         con.close()

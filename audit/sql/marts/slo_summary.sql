@@ -1,20 +1,13 @@
 -- slo_summary: one row per run_id (null run = traffic outside any run). Every request counts
 -- in the denominators: attainment = good / requests; goodput_rps = good requests per second
 -- of the run's window (first client start to last end). Failures are counted by kind, never
--- dropped. Latency percentiles are over successful requests only.
+-- dropped. Latency percentiles are over successful requests only. A run is merged from its
+-- partitions' rows (int_slo_summary_parts): sums, and the percentiles of the same values.
 with
 
-judged as (
-    select * from int_attr_requests_judged
-),
-
-windowed as (
-    select
-        *,
-        client_start
-        + to_microseconds(cast(round(coalesce(e2e_ms, 0.0) * 1000) as bigint))
-            as ended_at
-    from judged
+parts as (
+    -- per partition: counts, the first start and last end, the successful requests' latencies
+    select * from int_slo_summary_parts
 ),
 
 summarised as (
@@ -22,33 +15,37 @@ summarised as (
         run_id,
         any_value(ttft_slo_ms) as ttft_slo_ms,
         any_value(tpot_slo_ms) as tpot_slo_ms,
-        count(*) as requests,
-        count(*) filter (where is_ok) as ok,
-        count(*) filter (where is_slow) as slow,
-        count(*) filter (where is_good) as goodput,
-        count(*) filter (where status = 'timeout') as timeouts,
-        count(*) filter (where status = 'rejected') as rejected,
-        count(*) filter (where status = 'error') as errors,
-        count(*) filter (where status = 'cancelled') as cancelled,
-        count(*) filter (where outcome = 'other') as other_status,
-        count(*) filter (where not is_ok and failure_source = 'client')
-            as client_failures,
-        count(*) filter (where not is_ok and failure_source = 'router')
-            as router_failures,
-        count(*) filter (where not is_ok and failure_source = 'replica')
-            as replica_failures,
-        count(*) filter (where is_ok and coalesce(output_tokens, 0) < 2)
-            as ok_without_tpot,
-        min(client_start) as first_at,
-        max(ended_at) as last_at,
-        quantile_cont(ttft_ms, 0.5) filter (where is_ok) as ttft_p50_ms,
-        quantile_cont(ttft_ms, 0.9) filter (where is_ok) as ttft_p90_ms,
-        quantile_cont(ttft_ms, 0.99) filter (where is_ok) as ttft_p99_ms,
-        quantile_cont(tpot_ms, 0.5) filter (where is_ok) as tpot_p50_ms,
-        quantile_cont(tpot_ms, 0.9) filter (where is_ok) as tpot_p90_ms,
-        quantile_cont(tpot_ms, 0.99) filter (where is_ok) as tpot_p99_ms
-    from windowed
-    group by all
+        cast(sum(requests) as bigint) as requests,
+        cast(sum(ok) as bigint) as ok,
+        cast(sum(slow) as bigint) as slow,
+        cast(sum(goodput) as bigint) as goodput,
+        cast(sum(timeouts) as bigint) as timeouts,
+        cast(sum(rejected) as bigint) as rejected,
+        cast(sum(errors) as bigint) as errors,
+        cast(sum(cancelled) as bigint) as cancelled,
+        cast(sum(other_status) as bigint) as other_status,
+        cast(sum(client_failures) as bigint) as client_failures,
+        cast(sum(router_failures) as bigint) as router_failures,
+        cast(sum(replica_failures) as bigint) as replica_failures,
+        cast(sum(ok_without_tpot) as bigint) as ok_without_tpot,
+        min(first_at) as first_at,
+        max(last_at) as last_at,
+        flatten(list(ok_ttft_ms)) as ok_ttft_ms,
+        flatten(list(ok_tpot_ms)) as ok_tpot_ms
+    from parts
+    group by run_id
+),
+
+with_percentiles as (
+    select
+        * exclude (ok_ttft_ms, ok_tpot_ms),
+        list_aggregate(ok_ttft_ms, 'quantile_cont', 0.5) as ttft_p50_ms,
+        list_aggregate(ok_ttft_ms, 'quantile_cont', 0.9) as ttft_p90_ms,
+        list_aggregate(ok_ttft_ms, 'quantile_cont', 0.99) as ttft_p99_ms,
+        list_aggregate(ok_tpot_ms, 'quantile_cont', 0.5) as tpot_p50_ms,
+        list_aggregate(ok_tpot_ms, 'quantile_cont', 0.9) as tpot_p90_ms,
+        list_aggregate(ok_tpot_ms, 'quantile_cont', 0.99) as tpot_p99_ms
+    from summarised
 ),
 
 final as (
@@ -80,7 +77,7 @@ final as (
         tpot_p50_ms,
         tpot_p90_ms,
         tpot_p99_ms
-    from summarised
+    from with_percentiles
 )
 
 select * from final
