@@ -218,7 +218,8 @@ def install_attribution(con: duckdb.DuckDBPyConnection) -> None:
     rels = _relations.load_relations()
     as_views = _relations.views(rels)
     for rel in rels:
-        attribution = rel.name.startswith(("int_attr_", "int_slo_")) or (rel.layer == "marts" and rel.name not in MART_COLUMNS)
+        attribution = rel.name.startswith(("int_attr_", "int_slo_")) or (
+            rel.layer == "marts" and rel.name not in MART_COLUMNS)
         if attribution or rel.name == "stg_partitioning":
             kind = "view" if rel.name in as_views else "table"
             con.execute(f"create or replace {kind} {rel.name} as\n{rel.sql.strip().rstrip(';')}")
