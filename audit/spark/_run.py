@@ -119,7 +119,7 @@ def build(spark: SparkSession, *, only: Iterable[str] | None = None,
           settings: Mapping[str, str] | None = None,
           on_built: Callable[[str, float], None] | None = None) -> Built:
     """Build every relation (or those of ``only`` and what they read) in dependency order, each
-    as a checkpointed temporary view. A relation that fails is recorded, and the relations
+    as a materialised temporary view. A relation that fails is recorded, and the relations
     reading it are skipped."""
     rels = _relations.load_relations()
     wanted = _closure(rels, set(only)) if only is not None else {r.name for r in rels}
@@ -164,7 +164,6 @@ def _evaluate(spark: SparkSession, translation: Translation) -> DataFrame:
             level.createOrReplaceTempView(f"{rec.view}_prev")
             level = _materialise(spark.sql(rec.step))
             if level.isEmpty():
-                level.unpersist()
                 break
             levels.append(level)
         union = levels[0]
@@ -176,14 +175,23 @@ def _evaluate(spark: SparkSession, translation: Translation) -> DataFrame:
 
 
 def _materialise(frame: DataFrame) -> DataFrame:
-    """Compute ``frame`` once and keep its rows (in memory, spilling to disk), as the store keeps
-    a relation's table. Cached rather than checkpointed: a checkpoint keeps its columns' ids,
-    and a self-join of two relations derived from one (a walk up the span tree) then fails."""
-    from pyspark import StorageLevel
+    """Compute ``frame`` once and keep its rows, as the store keeps a relation's table: the
+    result's plan is one scan of those rows, whatever the plan that computed them.
 
-    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
-    frame.count()
-    return frame
+    ``localCheckpoint`` keeps the rows, but its scan keeps the computing plan's column ids and
+    output partitioning, and a self-join of two relations derived from one then fails to
+    resolve ("key not found: <column>#<id>"); so the checkpointed rows are wrapped in a new
+    scan with fresh ids. A cached frame (``persist``) would instead keep the whole lineage as
+    its plan: every later query re-analyses it, a level of a recursive CTE holds every level
+    before it, and the plans of the relations reading a recursion's result grow until the
+    driver's heap runs out."""
+    from pyspark.sql import DataFrame
+
+    kept = frame.localCheckpoint(eager=True)
+    jdf = kept._jdf
+    fresh = jdf.sparkSession().internalCreateDataFrame(jdf.queryExecution().toRdd(),
+                                                       jdf.schema(), False)
+    return DataFrame(fresh, frame.sparkSession)
 
 
 def _closure(rels: list[_relations.Relation], names: set[str]) -> set[str]:
