@@ -110,12 +110,83 @@ def _aggregates(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     return tree.transform(swap)
 
 
+def _is_star(node: exp.Expr) -> bool:
+    return isinstance(node, exp.Star) or (isinstance(node, exp.Column)
+                                           and isinstance(node.this, exp.Star))
+
+
+def _qualify_with_star(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``select * ... qualify <condition over windows>``: Spark has no QUALIFY, and sqlglot's
+    own rewrite (the windows as a column ``_w`` of a subquery, filtered outside it) leaves
+    ``_w`` in the outer ``select *``: one column too many, in a row turned into a struct
+    too. Here each window of the condition becomes a column ``__qualify_<i>`` of the
+    subquery, and the outer select filters on them and drops them (``* except (...)``). The
+    select's CTEs, order and limit move outside, where DuckDB applies them (after QUALIFY).
+    A select listing its columns is left to sqlglot (its outer select lists them too)."""
+    selects = [s for s in tree.find_all(exp.Select, bfs=True)
+               if s.args.get("qualify") is not None and any(_is_star(p) for p in s.expressions)]
+    for select in reversed(selects):
+        qualify = select.args["qualify"]
+        names: list[str] = []
+
+        def lift(node: exp.Expr, select: exp.Select = select, names: list[str] = names) -> exp.Expr:
+            if isinstance(node, exp.Window):
+                name = f"__qualify_{len(names)}"
+                names.append(name)
+                select.select(exp.alias_(node.copy(), name), copy=False)
+                return exp.column(name)
+            if isinstance(node, exp.Column) and node.table:
+                return exp.column(node.name)
+            return node
+
+        condition = qualify.this.copy().transform(lift)
+        select.set("qualify", None)
+        moved = {key: select.args.get(key) for key in ("with_", "order", "limit", "offset")}
+        for key in moved:
+            select.set(key, None)
+        outer = exp.Select(expressions=[exp.Star(except_=[exp.column(n) for n in names])])
+        select.replace(outer)
+        outer.set("from_", exp.From(this=exp.Subquery(
+            this=select, alias=exp.TableAlias(this=exp.to_identifier("__qualified")))))
+        outer.set("where", exp.Where(this=condition))
+        for key, value in moved.items():
+            if value is not None:
+                if key == "order":
+                    value = value.transform(lambda n: exp.column(n.name)
+                                            if isinstance(n, exp.Column) and n.table else n)
+                outer.set(key, value)
+        if select is tree:
+            tree = outer
+    return tree
+
+
+def _row_as_struct(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """A table alias selected as a column (``select client from ... as client``) is the row
+    as a struct in DuckDB (all fields NULL when an outer join found no row); Spark:
+    ``struct(client.*) as client``, the same. Only a bare name in a select's list that is
+    an alias of that select's FROM or JOIN."""
+    for select in tree.find_all(exp.Select):
+        from_ = select.args.get("from_")
+        sources = [from_.this] if isinstance(from_, exp.From) else []
+        sources += [j.this for j in select.args.get("joins") or []]
+        aliases = {t.alias_or_name for t in sources}
+        for projection in list(select.expressions):
+            if isinstance(projection, exp.Column) and not projection.table \
+                    and isinstance(projection.this, exp.Identifier) \
+                    and projection.name in aliases:
+                row = exp.Column(this=exp.Star(), table=exp.to_identifier(projection.name))
+                projection.replace(exp.alias_(exp.Struct(expressions=[row]), projection.name))
+    return tree
+
+
 REWRITES: Final[dict[str, Rewrite]] = {
     "session_variables": _session_variables,
     "cte_materialisation": _cte_materialisation,
     "distinct_list_window": _distinct_list_window,
     "epoch_conversions": _epoch_conversions,
     "aggregates": _aggregates,
+    "qualify_with_star": _qualify_with_star,
+    "row_as_struct": _row_as_struct,
 }
 """The engine-specific pieces, by name, applied in this order (docs/scale-out.md)."""
 
