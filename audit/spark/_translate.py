@@ -179,6 +179,80 @@ def _row_as_struct(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     return tree
 
 
+_INTERVAL_UNITS: Final = {"to_microseconds": "0.000001", "to_milliseconds": "0.001",
+                          "to_seconds": "1"}
+
+
+def _interval_functions(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``to_microseconds(n)`` (and ``to_milliseconds``, ``to_seconds``): an interval of ``n``
+    units, added to timestamps. Spark: ``n * interval '0.000001' second`` (a day-time
+    interval; an integral ``n`` multiplies its microseconds exactly)."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Anonymous) and node.name.lower() in _INTERVAL_UNITS \
+                and len(node.expressions) == 1:
+            unit = exp.Interval(this=exp.Literal.string(_INTERVAL_UNITS[node.name.lower()]),
+                                unit=exp.var("SECOND"))
+            return exp.Paren(this=exp.Mul(this=exp.Paren(this=node.expressions[0].copy()),
+                                          expression=unit))
+        return node
+
+    return tree.transform(swap)
+
+
+def _star_replace(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``r.* replace (expr as c, ...)``: Spark has no REPLACE; ``r.* except (c, ...), expr as
+    c, ...`` gives the same columns and values, the replaced ones moved after the others
+    (the relations name their columns; none is read by position)."""
+    for select in tree.find_all(exp.Select):
+        items: list[exp.Expr] = []
+        changed = False
+        for projection in select.expressions:
+            star = projection.this if isinstance(projection, exp.Column) else projection
+            replaced = star.args.get("replace") if isinstance(star, exp.Star) else None
+            if not replaced:
+                items.append(projection)
+                continue
+            changed = True
+            kept = projection.copy()
+            kept_star = kept.this if isinstance(kept, exp.Column) else kept
+            kept_star.set("replace", None)
+            dropped = list(kept_star.args.get("except_") or [])
+            dropped += [exp.column(r.alias_or_name) for r in replaced]
+            kept_star.set("except_", dropped)
+            items.append(kept)
+            items.extend(r.copy() for r in replaced)
+        if changed:
+            select.set("expressions", items)
+    return tree
+
+
+def _list_quantile(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``list_aggregate(list, 'quantile_cont', q)``: the interpolated quantile of a list's
+    non-NULL values (NULL for none). Spark has no aggregate over an array; over the sorted
+    values ``a`` (1-based) with ``p = q * (size(a) - 1)``:
+    ``a[floor(p) + 1] + (p - floor(p)) * (a[ceil(p) + 1] - a[floor(p) + 1])``, DuckDB's
+    interpolation."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        if not (isinstance(node, exp.Anonymous) and node.name.lower() == "list_aggregate"
+                and len(node.expressions) == 3):
+            return node
+        values, function, q = node.expressions
+        if not (isinstance(function, exp.Literal) and function.is_string
+                and function.this.lower() == "quantile_cont"):
+            raise ValueError(f"list_aggregate(..., {function.sql()}) is not translated")
+        a = f"array_sort(filter({_spark(values)}, v -> v is not null))"
+        p = f"(cast({_spark(q)} as double) * (size({a}) - 1))"
+        lo = f"element_at({a}, cast(floor({p}) as int) + 1)"
+        hi = f"element_at({a}, cast(ceil({p}) as int) + 1)"
+        return sqlglot.parse_one(
+            f"(case when size({a}) > 0 then {lo} + ({p} - floor({p})) * ({hi} - {lo}) end)",
+            read="spark")
+
+    return tree.transform(swap)
+
+
 REWRITES: Final[dict[str, Rewrite]] = {
     "session_variables": _session_variables,
     "cte_materialisation": _cte_materialisation,
@@ -187,6 +261,9 @@ REWRITES: Final[dict[str, Rewrite]] = {
     "aggregates": _aggregates,
     "qualify_with_star": _qualify_with_star,
     "row_as_struct": _row_as_struct,
+    "interval_functions": _interval_functions,
+    "star_replace": _star_replace,
+    "list_quantile": _list_quantile,
 }
 """The engine-specific pieces, by name, applied in this order (docs/scale-out.md)."""
 

@@ -44,7 +44,7 @@ GRAIN: dict[str, tuple[str, ...]] = {
 """Each public relation's grain (its ``.yml``): the key rows are matched on."""
 
 PROVEN: tuple[str, ...] = ("slo_targets", "snapshots", "requests", "decisions", "candidates",
-                           "executions")
+                           "executions", "slo_summary")
 """Public relations the Spark path is held to (docs/scale-out.md lists the others and why)."""
 
 
