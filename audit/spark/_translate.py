@@ -253,6 +253,47 @@ def _list_quantile(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     return tree.transform(swap)
 
 
+_INTEGER_TYPES: Final = frozenset({exp.DataType.Type.BIGINT, exp.DataType.Type.INT,
+                                   exp.DataType.Type.SMALLINT, exp.DataType.Type.TINYINT})
+
+
+def _visibly_double(node: exp.Expr) -> bool:
+    """Whether DuckDB types ``node`` as a double whatever its columns' types: arithmetic (through
+    parentheses, CASE branches, coalesce) over a ``/`` (DuckDB's division always gives a double)
+    or a literal in scientific notation (a double literal)."""
+    if isinstance(node, exp.Div):
+        return True
+    if isinstance(node, exp.Literal):
+        return not node.is_string and "e" in node.this.lower()
+    if isinstance(node, exp.Paren | exp.Neg):
+        return _visibly_double(node.this)
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul):
+        return _visibly_double(node.this) or _visibly_double(node.expression)
+    if isinstance(node, exp.Case):
+        branches = [i.args["true"] for i in node.args.get("ifs") or []]
+        if node.args.get("default") is not None:
+            branches.append(node.args["default"])
+        return any(_visibly_double(b) for b in branches)
+    if isinstance(node, exp.Coalesce):
+        return any(_visibly_double(e) for e in [node.this, *node.expressions])
+    return False
+
+
+def _rounding_casts(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``cast(x as bigint)`` (or another integer type) of a double: DuckDB rounds to the nearest
+    (ties to even), Spark truncates. Spark: ``cast(rint(x) as bigint)``, for the casts whose
+    operand is visibly a double (a division, a double literal; see :func:`_visibly_double`).
+    A cast of a column or of an expression of unknown type is left as it is."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Cast) and node.to.this in _INTEGER_TYPES \
+                and _visibly_double(node.this):
+            node.set("this", exp.Anonymous(this="rint", expressions=[node.this.copy()]))
+        return node
+
+    return tree.transform(swap)
+
+
 REWRITES: Final[dict[str, Rewrite]] = {
     "session_variables": _session_variables,
     "cte_materialisation": _cte_materialisation,
@@ -264,6 +305,7 @@ REWRITES: Final[dict[str, Rewrite]] = {
     "interval_functions": _interval_functions,
     "star_replace": _star_replace,
     "list_quantile": _list_quantile,
+    "rounding_casts": _rounding_casts,
 }
 """The engine-specific pieces, by name, applied in this order (docs/scale-out.md)."""
 
