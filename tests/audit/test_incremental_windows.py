@@ -16,7 +16,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pytest
-from tiled_sample import _norm, batches, relation_rows, tiled_sample
+from tiled_sample import batches, query_rows, relation_rows, tiled_sample
 
 from audit import _closed, _incremental, _relations
 from audit._store import Store
@@ -118,9 +118,8 @@ def test_wide_partitions_give_the_one_shot_relations(stores: dict[str, Any], rel
         until = _closed.closed_until(inc._con) or 0
         idle = " exclude (idle_n, idle_slope, idle_attn_ms_per_token2, idle_intercept)" if (
             relation == "int_attr_replica_fits") else ""
-        a, b = (sorted(repr(sorted((k, _norm(v)) for k, v in r.items())) for r in store.query_arrow(
-            f"select *{idle} from {relation} where part >= {until}").to_pylist())
-            for store in (one, inc))
+        a, b = (query_rows(store, f"select *{idle} from {relation} where part >= {until}")
+                for store in (one, inc))
     else:
         a, b = relation_rows(one, relation), relation_rows(inc, relation)
     only_one = sorted(set(a) - set(b))[:3]

@@ -120,5 +120,10 @@ def _norm(v: Any) -> Any:
 def relation_rows(store: Store, relation: str) -> list[str]:
     """A relation's rows as a reader of the store sees them (closed partitions with the DuckDB
     rows), each a comparable string (floats to 6 places), sorted."""
-    rows = store.query_arrow(f"select * from {relation}").to_pylist()
+    return query_rows(store, f"select * from {relation}")
+
+
+def query_rows(store: Store, sql: str) -> list[str]:
+    """A query's rows, each a comparable string (floats to 6 places), sorted."""
+    rows = store.query_arrow(sql).to_pylist()
     return sorted(repr(sorted((k, _norm(v)) for k, v in r.items())) for r in rows)
