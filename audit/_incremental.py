@@ -351,8 +351,12 @@ def refresh(con: duckdb.DuckDBPyConnection,
             return None
         if store_path is not None:
             pl = _reopen_reached(con, store_path, parts, pl, moved)
-            if moved.partitions:
-                pl = pl.without_stored_windows()
+        kept = con.execute("select value from routeaudit_meta where key = ?",
+                           [VERDICTS_KEPT_FROM]).fetchall()
+        if moved.partitions or (kept and int(kept[0][0]) > pl.read_from_ns):
+            # the stored rows of the windows are not all there: re-opened partitions keep no
+            # intermediate rows, and retention may have deleted derived rows the windows read
+            pl = pl.without_stored_windows()
         if on_plan is not None:
             on_plan(pl)
         spans = int(con.execute("select count(*) from raw_spans").fetchall()[0][0])
@@ -507,6 +511,10 @@ RAW_KEPT_FROM: Final = "raw_kept_from_ns"
 """routeaudit_meta key: raw rows older than this were deleted by retention; slices never reach
 back before it (their windows would read rows that are gone)."""
 
+VERDICTS_KEPT_FROM: Final = "verdicts_kept_from_ns"
+"""routeaudit_meta key: derived rows anchored before this were deleted by retention; a slice
+whose windows reach before it recomputes them from raw rows instead of reading stored ones."""
+
 
 def _derived_tables(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
     """(relation, stored table) for every stored table of derived rows, in build order: the
@@ -560,6 +568,11 @@ def drop_before(con: duckdb.DuckDBPyConnection, *, raw_keep_ns: int | None,
                             [RAW_KEPT_FROM, str(raw_cut)])
         if newest is not None and verdicts_keep_ns is not None:
             verdict_cut = parts.start_of(int(newest) - verdicts_keep_ns)
+            kept = con.execute("select value from routeaudit_meta where key = ?",
+                               [VERDICTS_KEPT_FROM]).fetchall()
+            if not kept or int(kept[0][0]) < verdict_cut:
+                con.execute("insert or replace into routeaudit_meta values (?, ?)",
+                            [VERDICTS_KEPT_FROM, str(verdict_cut)])
             _key_sets(con, "old", "main", f"anchor_ns < {verdict_cut}")
             requests_deleted = int(con.execute(
                 "select count(*) from _owned_old_requests").fetchall()[0][0])
