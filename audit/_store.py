@@ -235,9 +235,11 @@ class Store:
                     spans = _relations.refresh(cur, before_commit=_record_refresh)
                     self.last_refresh_kind = "full"
                     self._full_rebuild_due = False
+                # the horizon first: a reader that sees the relations caught up (the spans
+                # count) sees their newest request too
+                self.final_until_ns, self.newest_request_ns = _incremental.horizon(cur)
                 if spans is not None:
                     self._spans_in_relations = spans
-                self.final_until_ns, self.newest_request_ns = _incremental.horizon(cur)
                 if closes:
                     try:
                         moved = _closed.close(cur, self.path, self.final_until_ns)
