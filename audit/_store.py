@@ -718,13 +718,21 @@ class Reader:
 
     def _query_file(self, sql: str, params: Sequence[Any] | None,
                     variables: Mapping[str, float | str]) -> pa.Table:
+        # DuckDB shares one database, and its configuration, per file in a process: a read
+        # that opened it while another had locked that configuration could not restrict its
+        # own connection (a dashboard runs its pages' reads in threads)
+        with _file_reads_lock(self.path):
+            return self._query_file_alone(sql, params, variables)
+
+    def _query_file_alone(self, sql: str, params: Sequence[Any] | None,
+                          variables: Mapping[str, float | str]) -> pa.Table:
         con = self._connect_read_only()
         try:
             _tune(con)
             if not _views_current(con):
                 con.close()
                 if self._rebuild():
-                    return self._query_file(sql, params, variables)
+                    return self._query_file_alone(sql, params, variables)
                 con = self._connect_read_only()
                 _tune(con)
                 # Written by another version and cannot be rebuilt now: this connection builds
@@ -870,6 +878,17 @@ def _collector_timeout(limits: QueryLimits) -> Any:
 
     read = None if limits.timeout_s is None else limits.timeout_s + 30.0
     return httpx.Timeout(10.0, read=read)
+
+
+_FILE_READS: dict[str, threading.RLock] = {}
+_FILE_READS_GUARD = threading.Lock()
+
+
+def _file_reads_lock(path: Path) -> threading.RLock:
+    """The lock serialising this process's read-only opens of one store file."""
+    key = os.path.realpath(path)
+    with _FILE_READS_GUARD:
+        return _FILE_READS.setdefault(key, threading.RLock())
 
 
 def _lock_message(path: Path, exc: Exception) -> str:
