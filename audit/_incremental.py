@@ -64,6 +64,19 @@ WINDOW_INPUTS: Final = {
 rows of the requests of their window anchored before its recomputed region, so the region need
 not reach back over whole partitions."""
 
+LOOKBACK_INPUTS: Final = {
+    "int_attr_candidates_resolved": ("int_attr_executions_timed",),
+    "int_attr_candidates_in_flight": ("int_attr_executions_timed", "int_attr_decisions_resolved",
+                                      "int_attr_candidates_resolved"),
+    "int_attr_candidates_state": ("int_attr_executions_timed", "decisions", "raw_spans"),
+    "int_attr_idle_prefills": ("int_attr_executions_timed",),
+}
+"""Relations whose rows read their replicas' recent past (:data:`LOOKBACK_NS`: executions in
+flight or overlapping, prefix blocks served, the replicas a run used) and the relations they read
+it from: a slice gives them the stored rows of the requests anchored in that past before its
+recomputed region (and the raw decision spans carrying those requests' prefix hashes), so the
+region need not reach back over the lookback."""
+
 
 @dataclass(frozen=True)
 class Partitioning:
@@ -170,15 +183,16 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
         # retention deleted the raw rows such a slice would read: rows anchored before the
         # floor keep the verdicts they have
         t0 = floor
-    # A decision reads its replicas' recent past (LOOKBACK_NS), recomputed from raw rows with
-    # the whole of t0's partition (its per-partition summaries). The windowed summaries of t0's
-    # partition also read the window_partitions before it: their stored rows, or, when those
-    # are missing, raw rows back to read_from (a span of a request anchored at t0 may start
-    # SKEW_NS earlier on its own clock, in the partition before, whose clock window reaches
-    # one partition further back).
+    # The slice recomputes from raw rows the whole of t0's partition (its per-partition
+    # summaries) and the requests anchored from t0 (whose spans may start SKEW_NS earlier on
+    # their own clocks). What its rows read before that, their replicas' recent past
+    # (LOOKBACK_NS) and the windowed summaries' window_partitions before t0's, comes as stored
+    # rows (LOOKBACK_INPUTS, WINDOW_INPUTS, PART_CONTEXT), or, when those are missing, is
+    # recomputed from raw rows back to read_from (a span of a request anchored at t0 may start
+    # SKEW_NS earlier, in the partition before, whose clock window reaches one further back).
     window_from = parts.start_of(t0 - SKEW_NS) - parts.window_partitions * parts.partition_ns
     read_from = min(window_from, t0 - LOOKBACK_NS - SKEW_NS)
-    recompute_from = min(parts.start_of(t0), t0 - LOOKBACK_NS - SKEW_NS)
+    recompute_from = min(parts.start_of(t0), t0 - SKEW_NS)
     return Plan(t0, read_from, recompute_from, int(dirty_rows), finalising)
 
 
@@ -226,22 +240,41 @@ def _take_stored_partitions(con: duckdb.DuckDBPyConnection, main: str, name: str
                 f"where part >= {lo} and part < {p0}")
 
 
-def _with_window_context(con: duckdb.DuckDBPyConnection, main: str, body: str,
-                         inputs: tuple[str, ...], pl: Plan, parts: Partitioning) -> str:
-    """``body`` reading, for each of ``inputs``, the slice's rows of the requests anchored from
-    where its region surely holds them whole (``recompute_from_ns`` + :data:`SKEW_NS`) and the
-    stored rows of the earlier requests of the windows of ``t0``'s partition: common table
-    expressions named after the inputs, which the relation's own references resolve to."""
+def _context_requests(con: duckdb.DuckDBPyConnection, main: str, pl: Plan,
+                      parts: Partitioning) -> None:
+    """The keys :func:`_with_context` reads: ``_context_new`` (the slice's requests anchored
+    where its region surely holds them whole, from ``recompute_from_ns`` + :data:`SKEW_NS`),
+    ``_context_window`` (the stored earlier requests of the windows of ``t0``'s partition) and
+    ``_context_lookback`` (the stored earlier requests of the replica lookback, and those still
+    in flight when it starts)."""
     whole_from = pl.recompute_from_ns + SKEW_NS
     lo = pl.t0_ns // parts.partition_ns - parts.window_partitions
-    con.execute(f"create or replace temp table _window_new_requests as select request_key "
+    since = whole_from - LOOKBACK_NS - parts.max_request_ns
+    con.execute(f"create or replace temp table _context_new as select request_key "
                 f"from temp.main.requests where anchor_ns >= {whole_from}")
-    con.execute(f"create or replace temp table _window_old_requests as select request_key "
+    con.execute(f"create or replace temp table _context_window as select request_key "
                 f"from {main}.requests where part >= {lo} and anchor_ns < {whole_from}")
-    new_keys = "request_key in (select request_key from _window_new_requests)"
-    old_keys = "request_key in (select request_key from _window_old_requests)"
+    con.execute(f"create or replace temp table _context_lookback as select request_key "
+                f"from {main}.requests where anchor_ns >= {since} and anchor_ns < {whole_from}")
+
+
+def _with_context(db: str, body: str, inputs: tuple[str, ...], old_set: str, pl: Plan,
+                  parts: Partitioning) -> str:
+    """``body`` reading, for each of ``inputs``, the slice's rows of the requests of
+    ``_context_new`` and the stored rows of the requests of ``old_set`` (see
+    :func:`_context_requests`): common table expressions named after the inputs, which the
+    relation's own references resolve to. ``raw_spans`` is the stored raw spans from the oldest
+    start a request of the lookback may have (the relations read their decision spans)."""
+    main = f'"{db}".main'
+    new_keys = "request_key in (select request_key from _context_new)"
+    old_keys = f"request_key in (select request_key from {old_set})"
     ctes = []
     for name in inputs:
+        if name == "raw_spans":
+            since = (pl.recompute_from_ns + SKEW_NS - LOOKBACK_NS - 2 * parts.max_request_ns
+                     - SKEW_NS)
+            ctes.append(f"raw_spans as (select * from {main}.raw_spans where start_ns >= {since})")
+            continue
         union = "union all"
         if name == "int_attr_idle_prefills":
             # a set of execution span ids
@@ -373,11 +406,17 @@ def refresh(con: duckdb.DuckDBPyConnection,
             body = rel.sql.strip().rstrip(";")
             started = time.perf_counter()
             if stored_windows and rel.name in WINDOW_INPUTS:
-                body = _with_window_context(con, main, body, WINDOW_INPUTS[rel.name], pl, parts)
+                body = _with_context(db, body, WINDOW_INPUTS[rel.name], "_context_window",
+                                     pl, parts)
+            elif stored_windows and rel.name in LOOKBACK_INPUTS:
+                body = _with_context(db, body, LOOKBACK_INPUTS[rel.name], "_context_lookback",
+                                     pl, parts)
             try:
                 con.execute(f"create or replace temp {kind} {rel.name} as\n{body}")
                 if stored_windows and rel.name in PART_CONTEXT:
                     _take_stored_partitions(con, main, rel.name, pl, parts)
+                if stored_windows and rel.name == "requests":
+                    _context_requests(con, main, pl, parts)
             except duckdb.Error as exc:
                 raise StoreError(f"relation {rel.layer}/{rel.name}.sql does not build over a "
                                  f"slice: {_relations._first(exc)}") from exc
