@@ -81,8 +81,15 @@ calibration_replicas as (
             else 0.0
         end as prefill_intercept_ms,
         coalesce(decode_ms_per_token, pooled_decode_ms_per_token)
-            as decode_ms_per_token
+            as decode_ms_per_token,
+        -- its prefill time relative to the window's median replica (the scale the idle fit
+        -- removed from its points), when it has the points to say; else nominal
+        case
+            when prefill_n >= t.calibration_min_n
+                then fit_ratio / nullif(median(fit_ratio) over (partition by part, run_id), 0)
+        end as speed_factor
     from calibration_chosen_fit
+    cross join thresholds as t
 ),
 
 calibration_fleet as (
@@ -195,7 +202,10 @@ estimated as (
             as idle_prefill_ms_per_token,
         coalesce(f.idle_prefill_intercept_ms, f.fleet_prefill_intercept_ms)
             as idle_prefill_intercept_ms,
-        coalesce(f.idle_prefill_attn_ms_per_token2, 0.0) as idle_prefill_attn_ms_per_token2
+        coalesce(f.idle_prefill_attn_ms_per_token2, 0.0) as idle_prefill_attn_ms_per_token2,
+        f.idle_prefill_ms_per_token is not null and s.replica is not null as has_idle_fit,
+        coalesce(c.speed_factor, 1.0) as speed_factor,
+        coalesce(ce.speed_factor, 1.0) as exec_speed_factor
     from all_requests as j
     cross join thresholds as t
     inner join state as s
@@ -208,31 +218,94 @@ estimated as (
         on j.part = c.part
         and j.run_id is not distinct from c.run_id
         and s.replica = c.replica
+    left join calibration_replicas as ce
+        on j.part = ce.part
+        and j.run_id is not distinct from ce.run_id
+        and s.exec_replica = ce.replica
     left join calibration_fleet as f
         on j.part = f.part
         and j.run_id is not distinct from f.run_id
         and s.replica is not null
 ),
 
-final as (
+uncached as (
     select
         *,
-        prefill_intercept_ms
-        + prefill_ms_per_token
-        * greatest(coalesce(input_tokens, 0) - cached_assumed_tokens, 0)
-            as prefill_est_ms,
-        -- idle, with the cache it had there (the replica's report where it ran, else the
-        -- router's prediction): what the prompt alone costs on that replica
-        prefill_intercept_ms
-        + prefill_ms_per_token
-        * greatest(coalesce(input_tokens, 0) - cached_assumed_tokens, 0)
-            as prefill_ideal_ms,
-        wait_est_ms
-        + prefill_intercept_ms
-        + prefill_ms_per_token
-        * greatest(coalesce(input_tokens, 0) - cached_assumed_tokens, 0)
-            as ttft_est_ms
+        greatest(coalesce(input_tokens, 0) - cached_assumed_tokens, 0) as uncached_est_tokens
     from estimated
+),
+
+prefill_modelled as (
+    -- the prompt alone on that replica: the idle fit (prefills that ran alone: no step shared
+    -- with other work, attention growing with position) at its speed relative to the median
+    -- replica; and the same for the execution the decision led to, with the cache it reported
+    select
+        *,
+        case
+            when has_idle_fit
+                then speed_factor * (
+                    idle_prefill_intercept_ms
+                    + idle_prefill_ms_per_token * uncached_est_tokens
+                    + idle_prefill_attn_ms_per_token2 * uncached_est_tokens
+                    * (cached_assumed_tokens + uncached_est_tokens / 2.0)
+                )
+        end as prefill_alone_ms,
+        case
+            when has_idle_fit and exec_uncached_tokens > 0
+                then exec_speed_factor * (
+                    idle_prefill_intercept_ms
+                    + idle_prefill_ms_per_token * exec_uncached_tokens
+                    + idle_prefill_attn_ms_per_token2 * exec_uncached_tokens
+                    * (exec_cached_tokens + exec_uncached_tokens / 2.0)
+                )
+        end as exec_prefill_alone_ms,
+        -- the wait the work present at the decision put on the replica that ran it (its
+        -- estimate on that replica's row of the same decision)
+        max(wait_est_ms) filter (where replica = exec_replica) over (
+            partition by request_key, attempt, decision_span_id
+        ) as exec_wait_est_ms
+    from uncached
+),
+
+prefill_estimated as (
+    -- what the prefill would have taken there: the prompt alone there, plus the time this
+    -- prompt's measured prefill took beyond it alone on the replica that ran it, less the part
+    -- of the wait for the work present at the decision that it did not spend queued (a
+    -- scheduler that admits at once shares the steps with that work instead: its load, not the
+    -- prompt). What remains (steps shared with requests that came later, the model's error for
+    -- this prompt) would have met it elsewhere too. A fit over every prefill learns the time
+    -- of prefills sharing steps with others instead, and overstated an alternative's prefill
+    -- by a median 40 %; it is the estimate only when the window has no idle fit
+    select
+        *,
+        case
+            when prefill_alone_ms is null
+                then prefill_intercept_ms + prefill_ms_per_token * uncached_est_tokens
+            when exec_prefill_ms > 0 and exec_prefill_alone_ms > 0
+                then prefill_alone_ms + greatest(
+                    exec_prefill_ms - exec_prefill_alone_ms
+                    - greatest(coalesce(exec_wait_est_ms, 0.0) - coalesce(exec_queue_ms, 0.0), 0.0),
+                    0.0
+                )
+            else prefill_alone_ms
+        end as prefill_there_ms
+    from prefill_modelled
+),
+
+final as (
+    select
+        * exclude (
+            has_idle_fit, uncached_est_tokens, prefill_alone_ms, exec_prefill_alone_ms,
+            exec_wait_est_ms, prefill_there_ms, exec_speed_factor
+        ),
+        prefill_there_ms as prefill_est_ms,
+        -- idle, with the cache it had there (the replica's report where it ran, else its
+        -- prefix history or the router's prediction): what the prompt alone costs there
+        coalesce(
+            prefill_alone_ms, prefill_intercept_ms + prefill_ms_per_token * uncached_est_tokens
+        ) as prefill_ideal_ms,
+        wait_est_ms + prefill_there_ms as ttft_est_ms
+    from prefill_estimated
 )
 
 select * from final

@@ -1,0 +1,102 @@
+"""What a prefill would have taken on another replica: the prompt alone there (the idle fit at
+the replica's speed), plus whatever stretched this prompt's measured prefill beyond the prompt
+alone on the replica that ran it. Hand-built marts as in test_attribution: a prefill that runs
+alone takes 1 ms per uncached token; two prefills sharing steps take 2 ms per token each."""
+
+from __future__ import annotations
+
+import pytest
+from test_attribution import Fleet, primary, rows, seen
+
+
+def calibrated_fleet() -> Fleet:
+    """A and B each ran six prompts alone (decided on an idle replica, no prefill beside them:
+    the idle fit, 1 ms/token) and six in pairs that shared every step (2 ms/token each): a fit
+    over all their prefills puts a 1000-token prefill near 1500 ms."""
+    f = Fleet()
+    for k in range(6):
+        tokens = 400 + 200 * k
+        for replica in ("A", "B"):
+            rid = f"solo{replica}{k}"
+            t = -200_000.0 + 20_000.0 * k + (0.0 if replica == "A" else 5_000.0)
+            f.decision(rid, at_ms=t, chosen=replica, policy="round_robin",
+                       reason="round_robin",
+                       candidates=[{"replica": "A", **seen(0, 0)}, {"replica": "B", **seen(0, 0)}])
+            f.served(rid, replica, arrive=t, queue=0.0, input_tokens=tokens)
+            for j in range(2):
+                e = f.served(f"pair{replica}{k}{j}", replica, arrive=t + 10_000.0, queue=0.0,
+                             input_tokens=tokens)
+                e.update(prefill_ms=2.0 * tokens, ttft_ms=2.0 * tokens)
+                f.rows["requests"][-1].update(replica_ttft_ms=2.0 * tokens,
+                                              ttft_ms=2.0 * tokens + 20.0)
+    return f
+
+
+def test_an_alternatives_prefill_is_the_prompt_alone_there() -> None:
+    """S waited 1400 ms on A behind a 1500-token prompt, then prefilled its 1000 tokens in
+    1000 ms, as alone; B was idle: 1000 ms there, a saving of 1400 ms. (The fit over every
+    prefill, shared steps included, put B's prefill near 1500 ms.)"""
+    f = calibrated_fleet()
+    f.backlog("A", 1, tokens=1500)
+    # B served the same lengths earlier: both replicas prefill at the same speed
+    f.served("b1", "B", arrive=-30_000.0, queue=0.0, input_tokens=1500)
+    f.served("b2", "B", arrive=-25_000.0, queue=0.0, input_tokens=1000)
+    f.decision("S", at_ms=100.0, chosen="A", policy="round_robin", reason="round_robin",
+               candidates=[{"replica": "A", **seen(1, 0)}, {"replica": "B", **seen(0, 0)}])
+    f.served("S", "A", arrive=100.0, queue=1400.0, input_tokens=1000)
+    con = f.store()
+    (b,) = rows(con, "select prefill_est_ms from int_attr_candidates_estimated "
+                     "where request_key = 'k-S' and replica = 'B'")
+    assert b["prefill_est_ms"] == pytest.approx(1000.0, abs=1.0)
+    p = primary(con, "S")
+    assert (p["cause"], p["sub_kind"]) == ("misrouting", "load_blind")
+    assert p["excess_ms"] == pytest.approx(1400.0, abs=1.0)
+
+
+def test_a_prefill_stretched_after_the_decision_would_have_been_stretched_elsewhere() -> None:
+    """A and B were both idle when S (1000 tokens) went to A; a request that came 200 ms later
+    shared S's prefill steps there, which took 2600 ms instead of 1000. Nothing at the decision
+    made A worse than B: the same prompt is estimated 1000 + 1600 ms on B, no misrouting."""
+    f = calibrated_fleet()
+    # B went through the same earlier: both replicas prefill at the same speed
+    for rid, tokens, ms in (("b1", 1000, 2600.0), ("b2", 1200, 2400.0)):
+        e = f.served(rid, "B", arrive=-30_000.0, queue=0.0, input_tokens=tokens)
+        e.update(prefill_ms=ms, ttft_ms=ms)
+    f.decision("S", at_ms=1000.0, chosen="A", policy="round_robin", reason="round_robin",
+               candidates=[{"replica": "A", **seen(0, 0)}, {"replica": "B", **seen(0, 0)}])
+    e = f.served("S", "A", arrive=1000.0, queue=0.0, input_tokens=1000)
+    e.update(prefill_ms=2600.0, ttft_ms=2600.0)
+    f.rows["requests"][-1].update(replica_ttft_ms=2600.0, ttft_ms=2620.0)
+    late = f.served("late", "A", arrive=1200.0, queue=0.0, input_tokens=1200)
+    late.update(prefill_ms=2400.0, ttft_ms=2400.0)
+    con = f.store()
+    (b,) = rows(con, "select prefill_est_ms, ttft_est_ms from int_attr_candidates_estimated "
+                     "where request_key = 'k-S' and replica = 'B'")
+    assert b["prefill_est_ms"] == pytest.approx(2600.0, abs=1.0)
+    causes = {r["cause"] for r in rows(con, "select cause from attributions where request_id='S'")}
+    assert "misrouting" not in causes
+
+
+def test_a_prefill_sharing_steps_with_the_work_present_is_that_works_wait() -> None:
+    """P (1500 tokens) was prefilling on A when S (1000 tokens) went there; A admitted S at
+    once (queue 0) and their prefills shared steps: S's took 2500 ms instead of 1000. That is
+    the wait P put on S (its first token 1450 ms after the decision), not something S would
+    have met on the idle B: 1000 + 50 ms there, a saving of 1450 ms."""
+    f = calibrated_fleet()
+    # B went through the same earlier: both replicas prefill at the same speed
+    for rid, tokens, ms in (("b1", 1500, 1500.0), ("b2", 1000, 2500.0)):
+        e = f.served(rid, "B", arrive=-30_000.0, queue=0.0, input_tokens=tokens)
+        e.update(prefill_ms=ms, ttft_ms=ms)
+    f.served("P", "A", arrive=950.0, queue=0.0, input_tokens=1500)
+    f.decision("S", at_ms=1000.0, chosen="A", policy="round_robin", reason="round_robin",
+               candidates=[{"replica": "A", **seen(0, 1)}, {"replica": "B", **seen(0, 0)}])
+    e = f.served("S", "A", arrive=1000.0, queue=0.0, input_tokens=1000)
+    e.update(prefill_ms=2500.0, ttft_ms=2500.0)
+    f.rows["requests"][-1].update(replica_ttft_ms=2500.0, ttft_ms=2520.0)
+    con = f.store()
+    (b,) = rows(con, "select prefill_est_ms from int_attr_candidates_estimated "
+                     "where request_key = 'k-S' and replica = 'B'")
+    assert b["prefill_est_ms"] == pytest.approx(1050.0, abs=1.0)
+    p = primary(con, "S")
+    assert p["cause"] == "misrouting"
+    assert p["excess_ms"] == pytest.approx(1450.0, abs=1.0)
