@@ -47,11 +47,9 @@ fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) PYTHON=$(PYTHON) sh fuzz/run.sh
 
 # Setup, then every check (-k: all three report before make stops), a short fuzz run (each harness
-# starts from its committed corpus; `make fuzz` runs longer), then the tests, the slowest listed:
-# in two processes (pytest-xdist), each test file in one of them, so a module's fixtures are
-# built once; pytest-benchmark, when installed, is kept out (it warns under xdist).
+# starts from its committed corpus; `make fuzz` runs longer), then the tests, the slowest listed.
 TEST_FUZZ_SECONDS ?= 12
 test: setup-test
 	$(MAKE) --no-print-directory -k lint
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
-	$(PYTHON) -m pytest -n 2 --dist loadfile -p no:benchmark --durations=30
+	$(PYTHON) -m pytest --durations=30
