@@ -258,13 +258,21 @@ prefill_modelled as (
                     + idle_prefill_attn_ms_per_token2 * exec_uncached_tokens
                     * (exec_cached_tokens + exec_uncached_tokens / 2.0)
                 )
-        end as exec_prefill_alone_ms,
-        -- the wait the work present at the decision put on the replica that ran it (its
-        -- estimate on that replica's row of the same decision)
-        max(wait_est_ms) filter (where replica = exec_replica) over (
-            partition by request_key, attempt, decision_span_id
-        ) as exec_wait_est_ms
+        end as exec_prefill_alone_ms
     from uncached
+),
+
+exec_waits as (
+    -- the wait the work present at the decision put on the replica that ran it (its estimate
+    -- on that replica's row of the same decision; a replica listed twice: the longer)
+    select
+        request_key,
+        attempt,
+        decision_span_id,
+        max(wait_est_ms) as exec_wait_est_ms
+    from state
+    where replica = exec_replica
+    group by all
 ),
 
 prefill_estimated as (
@@ -277,7 +285,8 @@ prefill_estimated as (
     -- of prefills sharing steps with others instead, and overstated an alternative's prefill
     -- by a median 40 %; it is the estimate only when the window has no idle fit
     select
-        *,
+        m.*,
+        w.exec_wait_est_ms,
         case
             when prefill_alone_ms is null
                 then prefill_intercept_ms + prefill_ms_per_token * uncached_est_tokens
@@ -289,7 +298,11 @@ prefill_estimated as (
                 )
             else prefill_alone_ms
         end as prefill_there_ms
-    from prefill_modelled
+    from prefill_modelled as m
+    left join exec_waits as w
+        on m.request_key = w.request_key
+        and m.attempt is not distinct from w.attempt
+        and m.decision_span_id is not distinct from w.decision_span_id
 ),
 
 final as (
