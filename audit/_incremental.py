@@ -64,18 +64,20 @@ WINDOW_INPUTS: Final = {
 rows of the requests of their window anchored before its recomputed region, so the region need
 not reach back over whole partitions."""
 
-LOOKBACK_INPUTS: Final = {
-    "int_attr_candidates_resolved": ("int_attr_executions_timed",),
-    "int_attr_candidates_in_flight": ("int_attr_executions_timed", "int_attr_decisions_resolved",
-                                      "int_attr_candidates_resolved"),
-    "int_attr_candidates_state": ("int_attr_executions_timed", "decisions", "raw_spans"),
-    "int_attr_idle_prefills": ("int_attr_executions_timed",),
-}
-"""Relations whose rows read their replicas' recent past (:data:`LOOKBACK_NS`: executions in
-flight or overlapping, prefix blocks served, the replicas a run used) and the relations they read
-it from: a slice gives them the stored rows of the requests anchored in that past before its
-recomputed region (and the raw decision spans carrying those requests' prefix hashes), so the
-region need not reach back over the lookback."""
+LOOKBACK_TAKEN: Final = ("int_attr_executions_timed", "int_attr_decisions_resolved",
+                         "int_attr_candidates_resolved")
+"""The request-keyed relations through which rows read their replicas' recent past
+(:data:`LOOKBACK_NS`: executions in flight or overlapping, prefix blocks served, the replicas a
+run used, the decisions of those executions): once a slice has built one, its rows of the
+requests anchored before the region surely holds them whole are replaced by the stored rows of
+the requests anchored in that past, so the region need not reach back over the lookback. The
+tables are replaced rather than read through common table expressions: the range joins reading
+them (int_attr_candidates_in_flight, int_attr_idle_prefills) are planned as IEJoins only in a
+query without materialised CTEs."""
+
+LOOKBACK_INPUTS: Final = {"int_attr_candidates_state": ("decisions", "raw_spans")}
+"""The same for inputs read by one relation: the decisions of the lookback's requests and the raw
+decision spans carrying their prefix hashes (the blocks their replicas served)."""
 
 
 @dataclass(frozen=True)
@@ -242,20 +244,34 @@ def _take_stored_partitions(con: duckdb.DuckDBPyConnection, main: str, name: str
 
 def _context_requests(con: duckdb.DuckDBPyConnection, main: str, pl: Plan,
                       parts: Partitioning) -> None:
-    """The keys :func:`_with_context` reads: ``_context_new`` (the slice's requests anchored
-    where its region surely holds them whole, from ``recompute_from_ns`` + :data:`SKEW_NS`),
-    ``_context_window`` (the stored earlier requests of the windows of ``t0``'s partition) and
-    ``_context_lookback`` (the stored earlier requests of the replica lookback, and those still
-    in flight when it starts)."""
+    """The stored requests a slice reads as context (:func:`_with_context`,
+    :func:`_take_stored_requests`), anchored before its region surely holds them whole
+    (``recompute_from_ns`` + :data:`SKEW_NS`): ``_context_window``, the earlier requests of the
+    windows of ``t0``'s partition, and ``_context_lookback``, those of the replica lookback
+    (and those still in flight when it starts)."""
     whole_from = pl.recompute_from_ns + SKEW_NS
     lo = pl.t0_ns // parts.partition_ns - parts.window_partitions
     since = whole_from - LOOKBACK_NS - parts.max_request_ns
-    con.execute(f"create or replace temp table _context_new as select request_key "
-                f"from temp.main.requests where anchor_ns >= {whole_from}")
     con.execute(f"create or replace temp table _context_window as select request_key "
                 f"from {main}.requests where part >= {lo} and anchor_ns < {whole_from}")
     con.execute(f"create or replace temp table _context_lookback as select request_key "
                 f"from {main}.requests where anchor_ns >= {since} and anchor_ns < {whole_from}")
+
+
+def _new_requests(con: duckdb.DuckDBPyConnection, pl: Plan) -> None:
+    """``_context_new``: the slice's requests its region surely holds whole (once ``requests``
+    is built)."""
+    con.execute(f"create or replace temp table _context_new as select request_key "
+                f"from temp.main.requests where anchor_ns >= {pl.recompute_from_ns + SKEW_NS}")
+
+
+def _take_stored_requests(con: duckdb.DuckDBPyConnection, main: str, name: str, pl: Plan) -> None:
+    """Replace the slice's rows of ``name`` (one of :data:`LOOKBACK_TAKEN`) of the requests its
+    region may hold in part by the stored rows of the lookback's requests."""
+    con.execute(f"delete from temp.main.{name} where request_key in (select request_key "
+                f"from temp.main.requests where anchor_ns < {pl.recompute_from_ns + SKEW_NS})")
+    con.execute(f"insert into temp.main.{name} by name select * from {main}.{name} "
+                f"where request_key in (select request_key from _context_lookback)")
 
 
 def _with_context(db: str, body: str, inputs: tuple[str, ...], old_set: str, pl: Plan,
@@ -401,6 +417,8 @@ def refresh(con: duckdb.DuckDBPyConnection,
                     f"select * from {main}.routeaudit_meta where key <> 'judge_from_ns' "
                     f"union all select 'judge_from_ns', '{int(pl.t0_ns)}'")
         stored_windows = pl.recompute_from_ns > pl.read_from_ns
+        if stored_windows:
+            _context_requests(con, main, pl, parts)
         for rel in rels:
             kind = "view" if rel.name in as_views else "table"
             body = rel.sql.strip().rstrip(";")
@@ -416,7 +434,9 @@ def refresh(con: duckdb.DuckDBPyConnection,
                 if stored_windows and rel.name in PART_CONTEXT:
                     _take_stored_partitions(con, main, rel.name, pl, parts)
                 if stored_windows and rel.name == "requests":
-                    _context_requests(con, main, pl, parts)
+                    _new_requests(con, pl)
+                if stored_windows and rel.name in LOOKBACK_TAKEN:
+                    _take_stored_requests(con, main, rel.name, pl)
             except duckdb.Error as exc:
                 raise StoreError(f"relation {rel.layer}/{rel.name}.sql does not build over a "
                                  f"slice: {_relations._first(exc)}") from exc
