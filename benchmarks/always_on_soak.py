@@ -2,7 +2,7 @@
 
 The collector is ``python -m collectors.otlp`` in its own process on a fresh store in a temporary
 folder, with the collector's defaults: no spool, the background refresh every 2 s paced to a
-quarter of the time, ``--refresh-mode auto`` (full rebuilds below 100,000 spans, slices of event
+quarter of the time, ``--refresh-mode auto`` (full rebuilds below 20,000 spans, slices of event
 time from there on: what a user who starts ``routeaudit collect`` gets). Only the store's
 partitioning is not the default: before the collector opens it, the store is created with
 ``partition_s`` ``--partition-s`` (60) and ``max_request_s`` ``--max-request-s`` (60) in

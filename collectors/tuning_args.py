@@ -76,7 +76,7 @@ _FLAGS: Final[tuple[tuple[str, str, Any, str, str], ...]] = (
     ("--query-max-bytes", "query_max_bytes", int, "N",
      "bytes a query's answer may hold; beyond, it is stopped (default 1 GiB)"),
     ("--refresh-mode", "refresh_mode", str, "MODE",
-     "auto (default): refresh only the event time that received rows from 100,000 spans on; "
+     "auto (default): refresh only the event time that received rows from 20,000 spans on; "
      "slices: always; full: rebuild every relation from every raw row"),
     ("--retain-raw", "retain_raw_s", duration, "DURATION",
      "keep raw spans, events and scrapes this long behind the newest span, e.g. 7d; older whole "

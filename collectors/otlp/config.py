@@ -183,7 +183,7 @@ class CollectorConfig:
     refresh_mode: str = "auto"
     """How relations are refreshed: ``slices`` (only the event time that received rows,
     docs/architecture.md), ``full`` (every relation from every raw row), or ``auto`` (slices from
-    100,000 spans on)."""
+    20,000 spans on)."""
     retain_raw_s: float | None = None
     """Keep raw rows (spans, events, scrapes) this many seconds behind the newest span; older
     whole partitions are deleted while running (None: keep everything)."""
