@@ -5,6 +5,9 @@
 -- the attribution thresholds but not on the SLO, so refresh() also stores it at the default
 -- thresholds: a reader with another SLO (the dashboard's sidebar) then judges its slow requests
 -- against this table instead of re-assessing every candidate. attributions reads it.
+-- The router's policy is re-run on the true state when its rule is known: a named policy, or a
+-- score the router recorded for every candidate whose ranking a view quantity reproduces
+-- (score_rows .. score_replay).
 with
 
 estimated as (
@@ -194,6 +197,210 @@ policy_replayed as (
     group by f.request_key
 ),
 
+score_rows as (
+    -- a decision whose policy is none of the named ones (policy_rule) but whose router
+    -- recorded a score for each of its eligible observed candidates (two or more): the
+    -- candidates' scores ranked (scores closer than 1e-6 are equal), and next to them each view
+    -- quantity such a score may follow with its counterpart on the true state, each on its
+    -- grid (counts to 1e-3, tokens to 1, milliseconds to estimate_tolerance_ms). The router's
+    -- own cache prediction is its view of prefixes, not telemetry: it is the same on both
+    select
+        f.request_key,
+        f.replica,
+        f.chosen,
+        f.stable_key,
+        dense_rank() over (partition by f.request_key order by round(f.score, 6))
+            as score_rank,
+        round(f.seen_waiting + f.seen_running + f.seen_pending, 3) as view_requests_pending,
+        round(f.seen_waiting + f.seen_running, 3) as view_requests,
+        round(f.seen_waiting, 3) as view_waiting,
+        cast(f.true_waiting + f.true_running as double) as true_requests,
+        cast(f.true_waiting as double) as true_waiting,
+        round(f.seen_remaining_tokens) as view_remaining_tokens,
+        round(f.true_remaining_tokens) as true_remaining_tokens,
+        cast(f.view_qp_rank as double) as view_qp,
+        cast(f.true_qp_rank as double) as true_qp,
+        round(f.router_est_queue_ms / t.estimate_tolerance_ms) as view_queue,
+        cast(f.wait_est_rank as double) as true_queue,
+        cast(f.candidate_predicted_cached_tokens as double) as predicted_cached
+    from final_rows as f
+    cross join thresholds as t
+    inner join policy_replayed as p
+        on f.request_key = p.request_key
+    where
+        f.eligible
+        and f.replica_observed
+        and p.scored_candidates = p.replayed_candidates
+        and p.replayed_candidates >= 2
+        and coalesce(p.policy_name, '') not in (
+            'round_robin', 'random', 'least_load', 'least_loaded', 'power_of_two', 'qp_cost',
+            'least_request', 'least_requests', 'cache_aware'
+        )
+),
+
+score_quantities as (
+    -- one row per (candidate, quantity): ord numbers the quantities in the order the evidence
+    -- names them
+    select
+        request_key, replica, chosen, stable_key, score_rank, 1 as ord,
+        'waiting + running + pending' as quantity,
+        view_requests_pending as view_q, true_requests as true_q
+    from score_rows
+    union all
+    select
+        request_key, replica, chosen, stable_key, score_rank, 2 as ord,
+        'waiting + running' as quantity, view_requests as view_q, true_requests as true_q
+    from score_rows
+    union all
+    select
+        request_key, replica, chosen, stable_key, score_rank, 3 as ord,
+        'waiting' as quantity, view_waiting as view_q, true_waiting as true_q
+    from score_rows
+    union all
+    select
+        request_key, replica, chosen, stable_key, score_rank, 4 as ord,
+        'remaining tokens' as quantity,
+        view_remaining_tokens as view_q, true_remaining_tokens as true_q
+    from score_rows
+    union all
+    select
+        request_key, replica, chosen, stable_key, score_rank, 5 as ord,
+        'queue + prefill estimate' as quantity, view_qp as view_q, true_qp as true_q
+    from score_rows
+    union all
+    select
+        request_key, replica, chosen, stable_key, score_rank, 6 as ord,
+        'queue estimate' as quantity, view_queue as view_q, true_queue as true_q
+    from score_rows
+    union all
+    select
+        request_key, replica, chosen, stable_key, score_rank, 7 as ord,
+        'predicted cached tokens' as quantity,
+        predicted_cached as view_q, predicted_cached as true_q
+    from score_rows
+),
+
+score_quantities_ranked as (
+    select
+        *,
+        dense_rank() over (partition by request_key, ord order by view_q) as view_rank
+    from score_quantities
+),
+
+score_quantity_fits as (
+    -- per (decision, quantity): does the quantity rank the candidates exactly as the scores do
+    -- (ties included), in the same order (follows) or the opposite one (reverses); the
+    -- direction of the score comes from the chosen candidate (lowest score: lower is better;
+    -- highest: higher is better); the replica the quantity picks on the true state, ties to
+    -- the replica chosen, then to the stable key
+    select
+        request_key,
+        ord,
+        any_value(quantity) as quantity,
+        count(view_q) = count(*) and count(true_q) = count(*) as complete,
+        bool_and(view_rank = score_rank) as follows,
+        min(view_rank + score_rank) = max(view_rank + score_rank)
+        and max(view_rank) = max(score_rank) as reverses,
+        max(score_rank) as score_ranks,
+        min(score_rank) filter (where chosen) as chosen_score_rank,
+        arg_min(replica, (true_q, not chosen, stable_key)) as lowest_true_replica,
+        arg_min(replica, (-true_q, not chosen, stable_key)) as highest_true_replica
+    from score_quantities_ranked
+    group by request_key, ord
+),
+
+score_quantity_choices as (
+    select
+        request_key,
+        ord,
+        quantity,
+        fits,
+        lower_first,
+        case when lower_first then lowest_true_replica else highest_true_replica end
+            as true_replica,
+        direction_known,
+        chosen_scored
+    from (
+        select
+            *,
+            complete
+            and (follows or reverses)
+            and (lower_is_better or higher_is_better) as fits,
+            (follows and lower_is_better) or (reverses and higher_is_better) as lower_first,
+            coalesce(lower_is_better or higher_is_better, false) as direction_known,
+            chosen_score_rank is not null as chosen_scored
+        from (
+            select
+                *,
+                score_ranks > 1 and chosen_score_rank = 1 as lower_is_better,
+                score_ranks > 1 and chosen_score_rank = score_ranks as higher_is_better
+            from score_quantity_fits
+        ) as d
+    ) as c
+),
+
+score_replay as (
+    -- per decision: the quantities reproducing its recorded scores. When they all pick the
+    -- same replica on the true state, that is the policy's true-state choice; else (none fits,
+    -- or they disagree) the policy stays unknown and policy_score_not_replayed says why
+    select
+        request_key,
+        count(*) filter (where fits) as fitting,
+        count(distinct true_replica) filter (where fits) as true_choices,
+        any_value(true_replica) filter (where fits) as true_replica,
+        bool_or(direction_known) as direction_known,
+        bool_or(chosen_scored) as chosen_scored,
+        concat_ws(
+            ', ',
+            any_value(quantity) filter (where fits and ord = 1),
+            any_value(quantity) filter (where fits and ord = 2),
+            any_value(quantity) filter (where fits and ord = 3),
+            any_value(quantity) filter (where fits and ord = 4),
+            any_value(quantity) filter (where fits and ord = 5),
+            any_value(quantity) filter (where fits and ord = 6),
+            any_value(quantity) filter (where fits and ord = 7)
+        ) as quantities,
+        concat_ws(
+            ', ',
+            any_value(quantity) filter (where fits and ord = 1 and lower_first),
+            any_value(quantity) filter (where fits and ord = 2 and lower_first),
+            any_value(quantity) filter (where fits and ord = 3 and lower_first),
+            any_value(quantity) filter (where fits and ord = 4 and lower_first),
+            any_value(quantity) filter (where fits and ord = 5 and lower_first),
+            any_value(quantity) filter (where fits and ord = 6 and lower_first),
+            any_value(quantity) filter (where fits and ord = 7 and lower_first)
+        ) as lower_first_quantities
+    from score_quantity_choices
+    group by request_key
+),
+
+score_replay_described as (
+    select
+        request_key,
+        case when fitting > 0 and true_choices = 1 then true_replica end as true_replica,
+        case
+            when fitting > 0 and true_choices = 1
+                then 'its recorded score ranked as ' || quantities
+                || case
+                    when lower_first_quantities = quantities then ', lower first'
+                    when lower_first_quantities = '' then ', higher first'
+                    else ', lower first for ' || lower_first_quantities
+                end
+        end as replayed_as,
+        case
+            when not chosen_scored
+                then 'the replica it chose is not among its scored candidates'
+            when not direction_known
+                then 'the replica it chose had neither the lowest nor the highest recorded score'
+            when fitting = 0
+                then 'no view quantity ranks the candidates as its recorded scores do'
+            when true_choices > 1
+                then 'the view quantities ranking the candidates as its recorded scores do ('
+                || quantities || ') pick different replicas on the true state'
+        end as not_replayed
+    from score_replay
+),
+
 policy_bases as (
     -- the inputs of each policy's rule twice, on the true state and on the router's view, so
     -- one rule (policy_rule) serves both. On the view: a recorded score decides for the
@@ -284,10 +491,18 @@ policy_choice as (
 
 policy_choice_checked as (
     -- the replay is used only when, on the router's view, it gives the replica chosen (or the
-    -- view was not recorded well enough to say)
-    select *
-    from policy_choice
-    where policy_view_replica is null or policy_view_replica = chosen_replica
+    -- view was not recorded well enough to say). A replayed score gives the chosen replica on
+    -- the view by construction (its quantity ranks the candidates as the scores do)
+    select
+        c.request_key,
+        c.policy_name,
+        coalesce(c.policy_true_replica, s.true_replica) as policy_true_replica,
+        c.policy_view_replica,
+        s.replayed_as as policy_score_replayed_as
+    from policy_choice as c
+    left join score_replay_described as s
+        on c.request_key = s.request_key
+    where c.policy_view_replica is null or c.policy_view_replica = c.chosen_replica
 ),
 
 policy_choice_estimated as (
@@ -297,6 +512,7 @@ policy_choice_estimated as (
         c.policy_name,
         c.policy_true_replica,
         c.policy_view_replica,
+        c.policy_score_replayed_as,
         min(f.ttft_est_ms) as policy_true_ttft_est_ms,
         min(f.wait_est_ms) as policy_true_wait_est_ms,
         -- what the router saw of it (a replica listed twice: the first record)
@@ -381,7 +597,9 @@ final as (
         p.policy_true_wait_est_ms,
         p.policy_true_seen_load,
         p.policy_true_true_load,
-        p.policy_true_router_est_queue_ms
+        p.policy_true_router_est_queue_ms,
+        p.policy_score_replayed_as,
+        sr.not_replayed as policy_score_not_replayed
     from request_level as r
     left join chosen as c
         on r.request_key = c.request_key
@@ -389,6 +607,8 @@ final as (
         on r.request_key = a.request_key
     left join policy_choice_estimated as p
         on r.request_key = p.request_key
+    left join score_replay_described as sr
+        on r.request_key = sr.request_key
 )
 
 select * from final

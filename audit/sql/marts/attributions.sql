@@ -241,10 +241,18 @@ routing_judged as (
                 then printf(
                     'on the true state its policy (%s) would have chosen %s: est %.0f ms vs '
                     || 'actual %.0f ms; ',
-                    lower(j.decision_policy),
+                    coalesce(lower(j.decision_policy), 'unnamed')
+                    || coalesce(', ' || j.policy_score_replayed_as, ''),
                     j.policy_true_replica,
                     j.policy_true_ttft_est_ms,
                     j.actual_replica_ttft_ms
+                )
+            -- a router-declared score that could not be replayed says why
+            when j.policy_score_not_replayed is not null
+                then printf(
+                    'its policy (%s) not replayed on the true state: %s; ',
+                    coalesce(lower(j.decision_policy), 'unnamed'),
+                    j.policy_score_not_replayed
                 )
             else ''
         end as replay_evidence,
