@@ -8,6 +8,7 @@ relation has a hand-written Spark copy.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -294,8 +295,369 @@ def _rounding_casts(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     return tree.transform(swap)
 
 
+def _md5_number(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``md5_number(s) >> n`` (``2 <= n <= 64``): the MD5 digest of ``s`` read as an unsigned
+    128-bit integer, little-endian (DuckDB's ``md5_number``), shifted right by ``n``. Spark has
+    no 128-bit integer; the shifted value is below ``2^126 < 10^38`` and so fits, exactly, a
+    ``decimal(38,0)``: the digest's bytes reversed into big-endian hex, its high 64 bits times
+    ``2^(64-n)`` plus its low 64 bits shifted right by ``n``. Equal keys stay equal and their
+    order is the integers' order, so joins and sorts over the key give DuckDB's rows. An
+    unshifted ``md5_number`` (up to ``2^128``) does not fit and is refused."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Anonymous) and node.name.lower() == "md5_number":
+            parent = node.parent
+            shift = parent.expression if isinstance(parent, exp.BitwiseRightShift) \
+                and parent.this is node else None
+            if not (isinstance(shift, exp.Literal) and not shift.is_string
+                    and 2 <= int(shift.this) <= 64):
+                raise ValueError("md5_number(...) is translated only shifted right by 2 to 64")
+        if not (isinstance(node, exp.BitwiseRightShift) and isinstance(node.this, exp.Anonymous)
+                and node.this.name.lower() == "md5_number"):
+            return node
+        n = int(node.expression.this)
+        value = _spark(node.this.expressions[0])
+        be = f"array_join(reverse(regexp_extract_all(md5(cast({value} as string)), '(..)', 1)), '')"
+        hi = f"cast(conv(substr({be}, 1, 16), 16, 10) as decimal(20,0))"
+        lo = f"shiftrightunsigned(cast(conv(substr({be}, 17, 16), 16, -10) as bigint), {n})"
+        return sqlglot.parse_one(
+            f"cast({hi} * cast({2 ** (64 - n)} as decimal(20,0)) + {lo} as decimal(38,0))",
+            read="spark")
+
+    return tree.transform(swap)
+
+
+def _folded_key_parts(node: exp.Expr) -> tuple[exp.Expr, exp.Expr] | None:
+    """``(cast(hash(g, ...) >> 2 as hugeint) << 64) + t``: (the ``hash(...) >> 2``, ``t``)."""
+    if not isinstance(node, exp.Add):
+        return None
+    high = node.this.this if isinstance(node.this, exp.Paren) else node.this
+    if not (isinstance(high, exp.BitwiseLeftShift) and isinstance(high.expression, exp.Literal)
+            and high.expression.this == "64" and isinstance(high.this, exp.Cast)
+            and high.this.to.this == exp.DataType.Type.INT128):
+        return None
+    hashed = high.this.this
+    if not (isinstance(hashed, exp.BitwiseRightShift) and isinstance(hashed.this, exp.Anonymous)
+            and hashed.this.name.lower() == "hash"):
+        return None
+    return hashed, node.expression
+
+
+def _is_folded_pair(node: exp.Expr) -> bool:
+    """A folded key as :func:`_folded_keys` writes it for Spark."""
+    return isinstance(node, exp.Anonymous) and node.name.lower() == "named_struct" \
+        and len(node.expressions) == 4 and node.expressions[0] == exp.Literal.string("hi") \
+        and isinstance(node.expressions[1], exp.Anonymous) \
+        and node.expressions[1].name.lower() == "shiftrightunsigned"
+
+
+def _folded_key_names(tree: exp.Expr) -> set[str]:
+    """The names of the folded keys a relation computes (in either form)."""
+    return {a.alias for a in tree.find_all(exp.Alias)
+            if _folded_key_parts(a.this) is not None or _is_folded_pair(a.this)}
+
+
+def _folded_keys(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``(cast(hash(g, ...) >> 2 as hugeint) << 64) + t``: a group (a replica, a replica and a
+    block) and an instant folded into one orderable 126-bit key, so that a range or ASOF join
+    over the key is a join within the group ordered by time. Spark: the pair
+    ``named_struct('hi', shiftrightunsigned(xxhash64(g, ...), 2), 'lo', t)``; structs compare
+    field by field, so the pair orders as the integer does (``0 <= t < 2^64``). Spark's hash
+    is not DuckDB's: the groups' keys differ, not which rows share a group (the relations
+    re-check the group after each such join, a hash collision cannot mix groups), and the
+    joins (``folded_range_joins``, ``asof_joins``) keep to a group."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        parts = _folded_key_parts(node)
+        if parts is None:
+            return node
+        hashed, instant = parts
+        spark_hash = exp.Anonymous(this="xxhash64",
+                                   expressions=[e.copy() for e in hashed.this.expressions])
+        hi = exp.Anonymous(this="shiftrightunsigned",
+                           expressions=[spark_hash, hashed.expression.copy()])
+        return exp.Anonymous(this="named_struct", expressions=[
+            exp.Literal.string("hi"), hi, exp.Literal.string("lo"), instant.copy()])
+
+    return tree.transform(swap)
+
+
+def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this)
+    return [node]
+
+
+_FLIP: Final = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE}
+
+
+def _folded_range_joins(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """A join whose condition bounds one side's folded key by the other's in both directions
+    (``a.start_key <= b.at_key and a.end_key > b.at_key``): with each row's keys in one group,
+    that already implies the two rows' groups are equal. Spark: that implied equality
+    (``a.start_key.hi = b.at_key.hi``) is added to the condition, so Spark plans a join on the
+    group filtered by the range, as DuckDB's IEJoin is, instead of comparing every pair."""
+    names = _folded_key_names(tree)
+    for join in tree.find_all(exp.Join):
+        on = join.args.get("on")
+        if on is None or not names:
+            continue
+        directions: dict[tuple[str, str], set[str]] = {}
+        columns: dict[tuple[str, str], tuple[exp.Column, exp.Column]] = {}
+        for c in _conjuncts(on):
+            if type(c) not in _FLIP:
+                continue
+            a, b = c.this, c.expression
+            if not (isinstance(a, exp.Column) and isinstance(b, exp.Column) and a.table
+                    and b.table and a.table != b.table and a.name in names and b.name in names):
+                continue
+            kind = type(c)
+            if a.table > b.table:
+                a, b, kind = b, a, _FLIP[kind]
+            pair = (a.table, b.table)
+            directions.setdefault(pair, set()).add(
+                "up" if kind in (exp.LT, exp.LTE) else "down")
+            columns.setdefault(pair, (a, b))
+        for pair, seen in directions.items():
+            if seen == {"up", "down"}:
+                a, b = columns[pair]
+                same = sqlglot.parse_one(f"{a.table}.{a.name}.hi = {b.table}.{b.name}.hi",
+                                         read="spark")
+                join.set("on", exp.And(this=same, expression=on.copy()))
+                on = join.args["on"]
+    return tree
+
+
+def _asof_joins(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``from l asof [left] join r on l.g = r.g and l.t >= r.t``: each row of ``l`` with the row
+    of ``r`` in its group (the equalities) that has the greatest ``r.t`` at or before ``l.t``
+    (``>``: before), NULLs for none (an inner ASOF join drops the row). Spark has no ASOF join:
+    both sides as one sorted stream, ``l``'s rows as ``struct(l.*)`` and ``r``'s as
+    ``struct(r.*)``, partitioned by the group and ordered by the instant (at a tie ``r``'s row
+    first for ``>=``, last for ``>``); each ``l`` row takes the last ``r`` struct before it
+    (``last(..., true)``, one pass, no pairs compared). The select then reads ``l`` and ``r`` as
+    struct columns of the same names, so ``l.c`` and ``r.*`` read as before. A row of either
+    side with a NULL key or group matches nothing, as in DuckDB. Over a folded key (see
+    ``folded_keys``) the group is the key's ``hi``: DuckDB would take, for a row whose group has
+    no earlier row, the last row of the group ordered before it, and every such join in the
+    relations discards a match of another group (it re-checks replica and block); Spark finds
+    none. The ASOF join must be the select's first join."""
+    names = _folded_key_names(tree)
+    for select in list(tree.find_all(exp.Select)):
+        joins = select.args.get("joins") or []
+        asof = [j for j in joins if (j.args.get("method") or "").upper() == "ASOF"]
+        if not asof:
+            continue
+        if joins[0] is not asof[0] or len(asof) > 1:
+            raise ValueError("an ASOF join is translated only as a select's first join")
+        join = asof[0]
+        left_src = select.args["from_"].this
+        right_src = join.this
+        la, ra = left_src.alias_or_name, right_src.alias_or_name
+        groups: list[tuple[exp.Expr, exp.Expr]] = []
+        bound: tuple[exp.Expr, exp.Expr, bool] | None = None
+        for c in _conjuncts(join.args["on"]):
+            sides = {t.table for t in c.find_all(exp.Column)}
+            a, b = c.this, c.expression
+            a_left = {t.table for t in a.find_all(exp.Column)} <= {la}
+            if isinstance(c, exp.EQ):
+                groups.append((a, b) if a_left else (b, a))
+                continue
+            if type(c) not in _FLIP or bound is not None or sides != {la, ra}:
+                raise ValueError(f"ASOF condition not translated: {c.sql()}")
+            kind = type(c) if a_left else _FLIP[type(c)]
+            left_t, right_t = (a, b) if a_left else (b, a)
+            if kind not in (exp.GTE, exp.GT):
+                raise ValueError(f"ASOF condition not translated: {c.sql()}")
+            bound = (left_t, right_t, kind is exp.GTE)
+        if bound is None:
+            raise ValueError("ASOF join without an inequality")
+        left_t, right_t, inclusive = bound
+        folded = isinstance(left_t, exp.Column) and left_t.name in names \
+            and isinstance(right_t, exp.Column) and right_t.name in names
+        n = len(groups)
+        gcols = ", ".join(f"__asof_g{i}" for i in range(n))
+        left_sel = ", ".join([f"struct({la}.*) as __asof_l", "null as __asof_r",
+                              *(f"{_spark(g[0])} as __asof_g{i}" for i, g in enumerate(groups)),
+                              f"{_spark(left_t)} as __asof_k", "1 as __asof_side"])
+        right_sel = ", ".join(["null as __asof_l", f"struct({ra}.*) as __asof_r",
+                               *(f"{_spark(g[1])} as __asof_g{i}" for i, g in enumerate(groups)),
+                               f"{_spark(right_t)} as __asof_k",
+                               f"{0 if inclusive else 2} as __asof_side"])
+        not_null = " and ".join([f"{_spark(right_t)} is not null",
+                                 *(f"{_spark(g[1])} is not null" for g in groups)])
+        partition = [gcols] if n else []
+        if folded:
+            partition.append("__asof_k.hi")
+        over = (f"over ({'partition by ' + ', '.join(partition) if partition else ''} "
+                "order by __asof_k, __asof_side rows between unbounded preceding and current row)")
+        match = f"case when __asof_k is not null then last(__asof_r, true) {over} end"
+        keep = "__asof_side = 1" + ("" if join.args.get("side") else " and __asof_m is not null")
+        union = (f"select {left_sel} from {_spark(left_src)} union all "
+                 f"select {right_sel} from {_spark(right_src)} where {not_null}")
+        derived = sqlglot.parse_one(
+            f"select __asof_l as {la}, __asof_m as {ra} from (select __asof_l, __asof_side, "
+            f"{match} as __asof_m from ({union}) as __asof_u) as __asof_w where {keep}",
+            read="spark")
+        select.set("from_", exp.From(this=exp.Subquery(
+            this=derived, alias=exp.TableAlias(this=exp.to_identifier(f"__asof_{la}_{ra}")))))
+        select.set("joins", joins[1:] or None)
+    return tree
+
+
+def _hugeint(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``cast(x as hugeint)`` (a sum's accumulator, a key): Spark has no 128-bit integer;
+    ``decimal(38,0)`` holds every integer below ``10^38`` exactly, and sums, products and
+    comparisons of such integers give the same numbers (the relations' 128-bit values are
+    sums of token counts and products of two of them, far below ``10^38``)."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.DataType) and node.this == exp.DataType.Type.INT128:
+            return exp.DataType.build("decimal(38,0)")
+        return node
+
+    return tree.transform(swap)
+
+
+def _output_names(query: exp.Expr, ctes: Mapping[str, exp.Expr]) -> list[str] | None:
+    """The column names a select gives, when its text says them: each projection named, or
+    ``select * from <cte>`` of a CTE whose columns are known so."""
+    if not isinstance(query, exp.Select):
+        return None
+    if len(query.expressions) == 1 and _is_star(query.expressions[0]):
+        from_ = query.args.get("from_")
+        source = from_.this if isinstance(from_, exp.From) else None
+        if isinstance(source, exp.Table) and not query.args.get("joins") \
+                and source.name in ctes:
+            return _output_names(ctes[source.name], ctes)
+        return None
+    if any(_is_star(p) for p in query.expressions):
+        return None
+    return [p.alias_or_name for p in query.expressions]
+
+
+def _union_by_name(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``a union all by name b``: Spark's SQL has no BY NAME. Where both sides' columns are
+    known from the text (named projections, or ``select *`` of such a CTE), each side becomes
+    a select of the columns in DuckDB's order (``a``'s, then those only ``b`` has), a column a
+    side lacks as NULL."""
+    ctes = {c.alias_or_name: c.this for c in tree.find_all(exp.CTE)}
+    for union in list(tree.find_all(exp.Union)):
+        if not union.args.get("by_name"):
+            continue
+        left, right = _output_names(union.this, ctes), _output_names(union.expression, ctes)
+        if left is None or right is None:
+            raise ValueError("union by name over columns not named in the text")
+        order = left + [n for n in right if n not in left]
+        for key, have in (("this", left), ("expression", right)):
+            side = union.args[key]
+            cols = ", ".join(f"`{n}`" if n in have else f"null as `{n}`" for n in order)
+            union.set(key, sqlglot.parse_one(
+                f"select {cols} from ({_spark(side)}) as __by_name", read="spark"))
+        union.set("by_name", None)
+    return tree
+
+
+def _row_keys(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``arg_min(x, (a, b))`` / ``arg_max`` (and ``min_by`` / ``max_by``) by a row of keys:
+    DuckDB compares the rows field by field with a NULL field above every value; Spark
+    compares structs with a NULL field below. Spark: the key
+    ``struct(a is null, a, b is null, b)``, whose order is DuckDB's."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.ArgMin | exp.ArgMax) and isinstance(node.expression, exp.Tuple):
+            fields: list[exp.Expr] = []
+            for i, e in enumerate(node.expression.expressions):
+                fields.append(exp.alias_(exp.Is(this=exp.Paren(this=e.copy()), expression=exp.Null()),
+                                         f"n{i}"))
+                fields.append(exp.alias_(e.copy(), f"v{i}"))
+            node.set("expression", exp.Struct(expressions=fields))
+        return node
+
+    return tree.transform(swap)
+
+
+def _any_value(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``any_value(x)``: DuckDB's skips NULLs. Spark: ``any_value(x, true)`` (its
+    ``IGNORE NULLS`` form does not parse before a ``FILTER`` clause)."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        inner = node.this if isinstance(node, exp.IgnoreNulls) else node
+        if isinstance(inner, exp.AnyValue) and (isinstance(node, exp.IgnoreNulls)
+                                               or not isinstance(node.parent, exp.IgnoreNulls)):
+            return exp.Anonymous(this="any_value",
+                                 expressions=[inner.this.copy(), exp.true()])
+        return node
+
+    return tree.transform(swap)
+
+
+def _unnest_struct(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``unnest(<struct>)`` in a select list spreads the struct's fields into columns (here
+    ``unnest(arg_min({...}, key))``, a struct visibly built with ``{...}``). Spark's
+    ``explode`` takes only arrays and maps; ``inline(array(<struct>))`` gives the fields as
+    columns, one row."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Explode | exp.Unnest):
+            arg = node.this if isinstance(node, exp.Explode) else (
+                node.expressions[0] if len(node.expressions) == 1 else None)
+            if isinstance(arg, exp.ArgMin | exp.ArgMax) and isinstance(arg.this, exp.Struct) \
+                    or isinstance(arg, exp.Struct):
+                return exp.Anonymous(this="inline", expressions=[
+                    exp.Array(expressions=[arg.copy()])])
+        return node
+
+    return tree.transform(swap)
+
+
+_CONVERSION: Final = re.compile(r"%[-#0 +']*(?:\d+|\*)?(?:\.\d+)?([a-zA-Z%])")
+
+
+def _string_literal(node: exp.Expr) -> str | None:
+    """A string literal's text, or a concatenation of such (``'a' || 'b'``)."""
+    if isinstance(node, exp.Literal) and node.is_string:
+        return str(node.this)
+    if isinstance(node, exp.DPipe):
+        a, b = _string_literal(node.this), _string_literal(node.expression)
+        return None if a is None or b is None else a + b
+    if isinstance(node, exp.Paren):
+        return _string_literal(node.this)
+    return None
+
+
+def _printf_floats(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``printf(fmt, ...)``: an argument of a ``%f``, ``%e`` or ``%g`` conversion is a double
+    in DuckDB (its ``/`` always gives one); in Spark a division by a literal such as
+    ``1000.0`` is a decimal, which ``%f`` refuses. Spark: those arguments cast to double (a
+    format written as a concatenation of literals is read as their text)."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        if not (isinstance(node, exp.Anonymous) and node.name.lower() == "printf"):
+            return node
+        args = node.expressions
+        fmt = _string_literal(args[0]) if args else None
+        if fmt is None:
+            return node
+        args[0].replace(exp.Literal.string(fmt))
+        args = node.expressions
+        kinds = [m.group(1) for m in _CONVERSION.finditer(fmt) if m.group(1) != "%"]
+        for kind, arg in zip(kinds, args[1:], strict=False):
+            if kind.lower() in ("f", "e", "g"):
+                arg.replace(exp.cast(arg.copy(), "double"))
+        return node
+
+    return tree.transform(swap)
+
+
 REWRITES: Final[dict[str, Rewrite]] = {
     "session_variables": _session_variables,
+    "md5_number": _md5_number,
+    "folded_keys": _folded_keys,
+    "folded_range_joins": _folded_range_joins,
+    "hugeint": _hugeint,
     "cte_materialisation": _cte_materialisation,
     "distinct_list_window": _distinct_list_window,
     "epoch_conversions": _epoch_conversions,
@@ -306,6 +668,12 @@ REWRITES: Final[dict[str, Rewrite]] = {
     "star_replace": _star_replace,
     "list_quantile": _list_quantile,
     "rounding_casts": _rounding_casts,
+    "asof_joins": _asof_joins,
+    "union_by_name": _union_by_name,
+    "row_keys": _row_keys,
+    "any_value": _any_value,
+    "unnest_struct": _unnest_struct,
+    "printf_floats": _printf_floats,
 }
 """The engine-specific pieces, by name, applied in this order (docs/scale-out.md)."""
 
