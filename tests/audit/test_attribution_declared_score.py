@@ -44,31 +44,34 @@ def placed(con: Any) -> dict[str, Any]:
     return row
 
 
-@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["lower_is_better", "higher_is_better"])
+@pytest.mark.parametrize(("scores", "replayed_as"), [
+    ({"A": 1.0, "B": 3.0, "C": 5.0, "D": 7.0}, "linear in"),
+    ({"A": -1.0, "B": -3.0, "C": -5.0, "D": -7.0}, "linear in"),
+    ({"A": 1.0, "B": 9.0, "C": 25.0, "D": 49.0}, "ranked as"),
+], ids=["lower_is_better", "higher_is_better", "ranking_only"])
 def test_scores_following_waiting_plus_running_are_replayed_on_the_true_state(
-        sign: float) -> None:
-    """The scores are waiting + running as the router saw them (1, 3, 5, 7; or their negation
-    with the highest score chosen). Waiting alone (1, 0, 2, 4) ranks B before A, so only the
-    request counts reproduce them: on the true state the policy picks D, the replica with
-    fewest requests. Stale telemetry is sized by what D saves (10900 - 3900 ms), and
-    misrouting by what C saves beyond D (3900 - 1000 ms), not by C's saving alone."""
-    scores = {"A": 1.0, "B": 3.0, "C": 5.0, "D": 7.0}
-    con = custom_score_fleet({r: sign * s for r, s in scores.items()}).store()
+        scores: dict[str, float], replayed_as: str) -> None:
+    """The scores are waiting + running as the router saw them (1, 3, 5, 7), their negation
+    with the highest score chosen, or their squares (the same ranking, linear in nothing).
+    Waiting alone (1, 0, 2, 4) ranks B before A, so only the request counts reproduce them: on
+    the true state the policy picks D, the replica with fewest requests. Stale telemetry is
+    sized by what D saves (10900 - 3900 ms), and misrouting by what C saves beyond D (3900 -
+    1000 ms), not by C's saving alone."""
+    con = custom_score_fleet(scores).store()
     p = placed(con)
     assert p["policy_true_replica"] == "D"
     assert p["policy_true_ttft_est_ms"] == pytest.approx(3900.0, abs=1.0)
     # the direction is the quantity's: fewer requests first, whichever way the score runs
     assert p["policy_score_replayed_as"] == (
-        "its recorded score ranked as waiting + running, lower first")
+        f"its recorded score {replayed_as} waiting + running, lower first")
     assert p["policy_score_not_replayed"] is None
     causes = {r["cause"]: r for r in rows(con, "select * from attributions "
                                                "where request_id = 'S'")}
     stale = primary(con, "S")
     assert (stale["cause"], stale["sub_kind"]) == ("stale_telemetry", "unreflected_load")
     assert stale["excess_ms"] == pytest.approx(10_920.0 - 20.0 - 3900.0, abs=1.0)
-    assert ("on the true state its policy (my_policy, its recorded score ranked as "
-            "waiting + running, ") in stale["evidence"]
-    assert "would have chosen D" in stale["evidence"]
+    assert (f"on the true state its policy (my_policy, its recorded score {replayed_as} "
+            "waiting + running, lower first) would have chosen D") in stale["evidence"]
     assert causes["misrouting"]["excess_ms"] == pytest.approx(3900.0 - 1000.0, abs=1.0)
 
 
@@ -88,20 +91,37 @@ def test_scores_no_view_quantity_reproduces_leave_the_policy_unknown() -> None:
             "the candidates as its recorded scores do") in evidence
 
 
-def test_quantities_that_disagree_on_the_true_state_leave_the_policy_unknown() -> None:
-    """When the router saw (waiting, running) A (1, 0), B (2, 1), C (3, 2), D (5, 2), waiting
-    alone ranks the candidates as the scores (1, 3, 5, 7) do too; on the true state waiting
-    picks C (nothing queued there or on D: C is named first) and waiting + running picks D,
-    so the policy's true-state choice is not known."""
-    f = custom_score_fleet({"A": 1.0, "B": 3.0, "C": 5.0, "D": 7.0})
-    view = {"A": (1, 0), "B": (2, 1), "C": (3, 2), "D": (5, 2)}
+def seen_as(f: Fleet, view: dict[str, tuple[int, int]]) -> Fleet:
+    """The same fleet with the router's view of (waiting, running) replaced."""
     f.rows["candidates"] = [
         {**c, "waiting": view[c["replica"]][0], "running": view[c["replica"]][1]}
         for c in f.rows["candidates"]]
-    con = f.store()
+    return f
+
+
+AMBIGUOUS_VIEW = {"A": (1, 0), "B": (2, 1), "C": (3, 2), "D": (5, 2)}
+
+
+def test_quantities_that_disagree_on_the_true_state_leave_the_policy_unknown() -> None:
+    """When the router saw (waiting, running) A (1, 0), B (2, 1), C (3, 2), D (5, 2), both
+    waiting + running and waiting alone rank the candidates as the scores (1, 9, 25, 49: linear
+    in neither) do; on the true state waiting picks C (nothing queued there or on D: C is named
+    first) and waiting + running picks D, so the policy's true-state choice is not known."""
+    con = seen_as(custom_score_fleet({"A": 1.0, "B": 9.0, "C": 25.0, "D": 49.0}),
+                  AMBIGUOUS_VIEW).store()
     p = placed(con)
     assert p["policy_true_replica"] is None
     assert p["policy_score_not_replayed"] == (
         "the view quantities ranking the candidates as its recorded scores do "
-        "(waiting + running, waiting) pick different replicas "
-        "on the true state")
+        "(waiting + running, waiting) pick different replicas on the true state")
+
+
+def test_a_score_linear_in_one_quantity_is_replayed_through_that_one() -> None:
+    """The same view with scores 1, 3, 5, 7: waiting alone still ranks the candidates alike,
+    but the scores are linear in waiting + running only, which decides: D."""
+    con = seen_as(custom_score_fleet({"A": 1.0, "B": 3.0, "C": 5.0, "D": 7.0}),
+                  AMBIGUOUS_VIEW).store()
+    p = placed(con)
+    assert p["policy_true_replica"] == "D"
+    assert p["policy_score_replayed_as"] == (
+        "its recorded score linear in waiting + running, lower first")

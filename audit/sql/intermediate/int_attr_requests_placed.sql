@@ -200,31 +200,32 @@ policy_replayed as (
 score_rows as (
     -- a decision whose policy is none of the named ones (policy_rule) but whose router
     -- recorded a score for each of its eligible observed candidates (two or more): the
-    -- candidates' scores ranked (scores closer than 1e-6 are equal), and next to them each view
-    -- quantity such a score may follow with its counterpart on the true state, each on its
-    -- grid (counts to 1e-3, tokens to 1, milliseconds to estimate_tolerance_ms). The router's
-    -- own cache prediction is its view of prefixes, not telemetry: it is the same on both
+    -- candidates' scores ranked, and next to them each view quantity such a score may follow,
+    -- with its counterpart on the true state. Scores and view quantities (numbers the router
+    -- computed with) are equal within 1e-6; the true state is ranked on its grids (counts
+    -- exact, tokens to 1, milliseconds to estimate_tolerance_ms). The router's own cache
+    -- prediction is its view of prefixes, not telemetry: it is the same on both
     select
         f.request_key,
         f.replica,
         f.chosen,
         f.stable_key,
+        f.score,
         dense_rank() over (partition by f.request_key order by round(f.score, 6))
             as score_rank,
-        round(f.seen_waiting + f.seen_running + f.seen_pending, 3) as view_requests_pending,
-        round(f.seen_waiting + f.seen_running, 3) as view_requests,
-        round(f.seen_waiting, 3) as view_waiting,
+        round(f.seen_waiting + f.seen_running + f.seen_pending, 6) as view_requests_pending,
+        round(f.seen_waiting + f.seen_running, 6) as view_requests,
+        round(f.seen_waiting, 6) as view_waiting,
         cast(f.true_waiting + f.true_running as double) as true_requests,
         cast(f.true_waiting as double) as true_waiting,
-        round(f.seen_remaining_tokens) as view_remaining_tokens,
+        round(f.seen_remaining_tokens, 6) as view_remaining_tokens,
         round(f.true_remaining_tokens) as true_remaining_tokens,
-        cast(f.view_qp_rank as double) as view_qp,
+        round(f.router_est_queue_ms + f.router_est_prefill_ms, 6) as view_qp,
         cast(f.true_qp_rank as double) as true_qp,
-        round(f.router_est_queue_ms / t.estimate_tolerance_ms) as view_queue,
+        round(f.router_est_queue_ms, 6) as view_queue,
         cast(f.wait_est_rank as double) as true_queue,
         cast(f.candidate_predicted_cached_tokens as double) as predicted_cached
     from final_rows as f
-    cross join thresholds as t
     inner join policy_replayed as p
         on f.request_key = p.request_key
     where
@@ -242,62 +243,74 @@ score_quantities as (
     -- one row per (candidate, quantity): ord numbers the quantities in the order the evidence
     -- names them
     select
-        request_key, replica, chosen, stable_key, score_rank, 1 as ord,
+        request_key, replica, chosen, stable_key, score, score_rank, 1 as ord,
         'waiting + running + pending' as quantity,
         view_requests_pending as view_q, true_requests as true_q
     from score_rows
     union all
     select
-        request_key, replica, chosen, stable_key, score_rank, 2 as ord,
+        request_key, replica, chosen, stable_key, score, score_rank, 2 as ord,
         'waiting + running' as quantity, view_requests as view_q, true_requests as true_q
     from score_rows
     union all
     select
-        request_key, replica, chosen, stable_key, score_rank, 3 as ord,
+        request_key, replica, chosen, stable_key, score, score_rank, 3 as ord,
         'waiting' as quantity, view_waiting as view_q, true_waiting as true_q
     from score_rows
     union all
     select
-        request_key, replica, chosen, stable_key, score_rank, 4 as ord,
+        request_key, replica, chosen, stable_key, score, score_rank, 4 as ord,
         'remaining tokens' as quantity,
         view_remaining_tokens as view_q, true_remaining_tokens as true_q
     from score_rows
     union all
     select
-        request_key, replica, chosen, stable_key, score_rank, 5 as ord,
+        request_key, replica, chosen, stable_key, score, score_rank, 5 as ord,
         'queue + prefill estimate' as quantity, view_qp as view_q, true_qp as true_q
     from score_rows
     union all
     select
-        request_key, replica, chosen, stable_key, score_rank, 6 as ord,
+        request_key, replica, chosen, stable_key, score, score_rank, 6 as ord,
         'queue estimate' as quantity, view_queue as view_q, true_queue as true_q
     from score_rows
     union all
     select
-        request_key, replica, chosen, stable_key, score_rank, 7 as ord,
+        request_key, replica, chosen, stable_key, score, score_rank, 7 as ord,
         'predicted cached tokens' as quantity,
         predicted_cached as view_q, predicted_cached as true_q
     from score_rows
 ),
 
 score_quantities_ranked as (
+    -- the quantity's rank, and the line through the lowest and the highest score (the first
+    -- and last by score, then stable key) that a score linear in the quantity lies on
     select
         *,
-        dense_rank() over (partition by request_key, ord order by view_q) as view_rank
+        dense_rank() over (partition by request_key, ord order by view_q) as view_rank,
+        min(score) over (partition by request_key, ord) as score_lo,
+        max(score) over (partition by request_key, ord) as score_hi,
+        arg_min(view_q, (score, stable_key)) over (partition by request_key, ord) as q_lo,
+        arg_max(view_q, (score, stable_key)) over (partition by request_key, ord) as q_hi
     from score_quantities
 ),
 
 score_quantity_fits as (
-    -- per (decision, quantity): does the quantity rank the candidates exactly as the scores do
-    -- (ties included), in the same order (follows) or the opposite one (reverses); the
-    -- direction of the score comes from the chosen candidate (lowest score: lower is better;
-    -- highest: higher is better); the replica the quantity picks on the true state, ties to
-    -- the replica chosen, then to the stable key
+    -- per (decision, quantity): is the score linear in the quantity (every score within 1e-6,
+    -- relative above 1, of the line; slope says which way), else does the quantity rank the
+    -- candidates exactly as the scores do (ties included), in the same order (follows) or
+    -- the opposite one (reverses). The direction of the score comes from the chosen
+    -- candidate (lowest score: lower is better; highest: higher is better). The replica the
+    -- quantity picks on the true state: ties to the replica chosen, then to the stable key
     select
         request_key,
         ord,
         any_value(quantity) as quantity,
         count(view_q) = count(*) and count(true_q) = count(*) as complete,
+        coalesce(bool_and(
+            abs(score - score_lo - (score_hi - score_lo) / (q_hi - q_lo) * (view_q - q_lo))
+            <= 1e-6 * greatest(1.0, abs(score))
+        ), false) as linear,
+        sign(any_value((score_hi - score_lo) / (q_hi - q_lo))) as slope_sign,
         bool_and(view_rank = score_rank) as follows,
         min(view_rank + score_rank) = max(view_rank + score_rank)
         and max(view_rank) = max(score_rank) as reverses,
@@ -310,65 +323,71 @@ score_quantity_fits as (
 ),
 
 score_quantity_choices as (
+    -- the quantities used: those the score is linear in, else those ranking as it does
     select
-        request_key,
-        ord,
-        quantity,
-        fits,
-        lower_first,
+        *,
+        fits and (linear or not bool_or(fits and linear) over (partition by request_key))
+            as used,
         case when lower_first then lowest_true_replica else highest_true_replica end
-            as true_replica,
-        direction_known,
-        chosen_scored
+            as true_replica
     from (
         select
             *,
-            complete
-            and (follows or reverses)
-            and (lower_is_better or higher_is_better) as fits,
-            (follows and lower_is_better) or (reverses and higher_is_better) as lower_first,
-            coalesce(lower_is_better or higher_is_better, false) as direction_known,
-            chosen_score_rank is not null as chosen_scored
+            complete and direction_known and rising is not null as fits,
+            (rising and lower_is_better) or (not rising and higher_is_better) as lower_first
         from (
             select
                 *,
-                score_ranks > 1 and chosen_score_rank = 1 as lower_is_better,
-                score_ranks > 1 and chosen_score_rank = score_ranks as higher_is_better
+                case
+                    when linear then slope_sign > 0
+                    when follows then true
+                    when reverses then false
+                end as rising,
+                coalesce(score_ranks > 1 and chosen_score_rank = 1, false) as lower_is_better,
+                coalesce(score_ranks > 1 and chosen_score_rank = score_ranks, false)
+                    as higher_is_better,
+                coalesce(
+                    score_ranks > 1
+                    and (chosen_score_rank = 1 or chosen_score_rank = score_ranks),
+                    false
+                ) as direction_known,
+                chosen_score_rank is not null as chosen_scored
             from score_quantity_fits
         ) as d
     ) as c
 ),
 
 score_replay as (
-    -- per decision: the quantities reproducing its recorded scores. When they all pick the
-    -- same replica on the true state, that is the policy's true-state choice; else (none fits,
-    -- or they disagree) the policy stays unknown and policy_score_not_replayed says why
+    -- per decision: the quantities used. When they all pick the same replica on the true
+    -- state, that is the policy's true-state choice; else (none fits, or they disagree) the
+    -- policy stays unknown and policy_score_not_replayed says why
     select
         request_key,
-        count(*) filter (where fits) as fitting,
-        count(distinct true_replica) filter (where fits) as true_choices,
-        any_value(true_replica) filter (where fits) as true_replica,
+        count(*) filter (where used) as fitting,
+        count(distinct true_replica) filter (where used) as true_choices,
+        any_value(true_replica) filter (where used) as true_replica,
+        bool_or(used and linear) as linear,
         bool_or(direction_known) as direction_known,
         bool_or(chosen_scored) as chosen_scored,
         concat_ws(
             ', ',
-            any_value(quantity) filter (where fits and ord = 1),
-            any_value(quantity) filter (where fits and ord = 2),
-            any_value(quantity) filter (where fits and ord = 3),
-            any_value(quantity) filter (where fits and ord = 4),
-            any_value(quantity) filter (where fits and ord = 5),
-            any_value(quantity) filter (where fits and ord = 6),
-            any_value(quantity) filter (where fits and ord = 7)
+            any_value(quantity) filter (where used and ord = 1),
+            any_value(quantity) filter (where used and ord = 2),
+            any_value(quantity) filter (where used and ord = 3),
+            any_value(quantity) filter (where used and ord = 4),
+            any_value(quantity) filter (where used and ord = 5),
+            any_value(quantity) filter (where used and ord = 6),
+            any_value(quantity) filter (where used and ord = 7)
         ) as quantities,
         concat_ws(
             ', ',
-            any_value(quantity) filter (where fits and ord = 1 and lower_first),
-            any_value(quantity) filter (where fits and ord = 2 and lower_first),
-            any_value(quantity) filter (where fits and ord = 3 and lower_first),
-            any_value(quantity) filter (where fits and ord = 4 and lower_first),
-            any_value(quantity) filter (where fits and ord = 5 and lower_first),
-            any_value(quantity) filter (where fits and ord = 6 and lower_first),
-            any_value(quantity) filter (where fits and ord = 7 and lower_first)
+            any_value(quantity) filter (where used and ord = 1 and lower_first),
+            any_value(quantity) filter (where used and ord = 2 and lower_first),
+            any_value(quantity) filter (where used and ord = 3 and lower_first),
+            any_value(quantity) filter (where used and ord = 4 and lower_first),
+            any_value(quantity) filter (where used and ord = 5 and lower_first),
+            any_value(quantity) filter (where used and ord = 6 and lower_first),
+            any_value(quantity) filter (where used and ord = 7 and lower_first)
         ) as lower_first_quantities
     from score_quantity_choices
     group by request_key
@@ -380,7 +399,9 @@ score_replay_described as (
         case when fitting > 0 and true_choices = 1 then true_replica end as true_replica,
         case
             when fitting > 0 and true_choices = 1
-                then 'its recorded score ranked as ' || quantities
+                then 'its recorded score '
+                || case when linear then 'linear in ' else 'ranked as ' end
+                || quantities
                 || case
                     when lower_first_quantities = quantities then ', lower first'
                     when lower_first_quantities = '' then ', higher first'
@@ -395,7 +416,9 @@ score_replay_described as (
             when fitting = 0
                 then 'no view quantity ranks the candidates as its recorded scores do'
             when true_choices > 1
-                then 'the view quantities ranking the candidates as its recorded scores do ('
+                then 'the view quantities '
+                || case when linear then 'its recorded scores are linear in (' else
+                    'ranking the candidates as its recorded scores do (' end
                 || quantities || ') pick different replicas on the true state'
         end as not_replayed
     from score_replay
