@@ -652,6 +652,27 @@ def _printf_floats(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     return tree.transform(swap)
 
 
+def _parallel_unnests(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """Several ``unnest(list)`` in one select list: DuckDB unnests them side by side (the i-th
+    elements in one row, the shorter lists padded with NULL); Spark's several ``explode``
+    would give every combination. Spark: one ``inline(arrays_zip(l1, l2, ...)) as (c1, c2,
+    ...)``, side by side and padded the same way."""
+    for select in tree.find_all(exp.Select):
+        found = [(i, p) for i, p in enumerate(select.expressions)
+                 if isinstance(p, exp.Alias) and isinstance(p.this, exp.Explode)]
+        if len(found) < 2:
+            continue
+        zipped = exp.Aliases(this=exp.Inline(this=exp.ArraysZip(
+            expressions=[p.this.this.copy() for _, p in found])),
+            expressions=[exp.to_identifier(p.alias) for _, p in found])
+        first = found[0][0]
+        drop = {i for i, _ in found}
+        items = [p for i, p in enumerate(select.expressions) if i not in drop]
+        items.insert(first, zipped)
+        select.set("expressions", items)
+    return tree
+
+
 REWRITES: Final[dict[str, Rewrite]] = {
     "session_variables": _session_variables,
     "md5_number": _md5_number,
@@ -674,6 +695,7 @@ REWRITES: Final[dict[str, Rewrite]] = {
     "any_value": _any_value,
     "unnest_struct": _unnest_struct,
     "printf_floats": _printf_floats,
+    "parallel_unnests": _parallel_unnests,
 }
 """The engine-specific pieces, by name, applied in this order (docs/scale-out.md)."""
 

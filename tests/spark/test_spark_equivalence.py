@@ -44,7 +44,8 @@ GRAIN: dict[str, tuple[str, ...]] = {
 """Each public relation's grain (its ``.yml``): the key rows are matched on."""
 
 PROVEN: tuple[str, ...] = ("slo_targets", "snapshots", "requests", "decisions", "candidates",
-                           "executions", "slo_summary")
+                           "executions", "slo_summary", "attributions", "slow_requests",
+                           "calibration", "herding_episodes")
 """Public relations the Spark path is held to (docs/scale-out.md lists the others and why)."""
 
 INTERNAL: dict[str, tuple[str, ...]] = {
@@ -55,6 +56,10 @@ INTERNAL: dict[str, tuple[str, ...]] = {
     "int_spans_clock_corrected": ("trace_id", "span_id"),
     "int_decisions_joined_to_executions": ("decision_id",),
     "int_attr_requests_judged": ("request_key",),
+    "int_attr_decisions_resolved": ("request_key", "attempt", "decision_span_id"),
+    "int_attr_candidates_resolved": ("request_key", "attempt", "decision_span_id", "replica"),
+    "int_attr_candidates_state": ("request_key", "decision_key", "replica"),
+    "int_attr_requests_placed": ("request_key",),
 }
 """Internal relations the proven ones read, held to the store's too (by their grain): the
 steps a difference would start from (clock offsets, linking), already built for the public
@@ -104,7 +109,8 @@ def _norm(value: Any) -> Any:
             value = value.replace(tzinfo=dt.UTC)
         return ("ts", round(value.timestamp() * 1e6))
     if isinstance(value, Decimal):
-        return float(value)
+        # an integral decimal is a 128-bit integer on Spark (decision_key): exactly
+        return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, (list, tuple)):
         return [_norm(v) for v in value]
     if isinstance(value, dict):
