@@ -632,7 +632,12 @@ def _printf_floats(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     """``printf(fmt, ...)``: an argument of a ``%f``, ``%e`` or ``%g`` conversion is a double
     in DuckDB (its ``/`` always gives one); in Spark a division by a literal such as
     ``1000.0`` is a decimal, which ``%f`` refuses. Spark: those arguments cast to double (a
-    format written as a concatenation of literals is read as their text)."""
+    format written as a concatenation of literals is read as their text). DuckDB rounds a
+    ``%.Nf`` half to even, Java's formatter half up: the argument of a ``%.Nf`` is first
+    ``bround(x, N)`` (half to even), so a tie (``2.5`` under ``%.0f``) prints as in DuckDB. A
+    value whose decimal form ends in 5 at digit N+1 but whose double lies just below or above it
+    (``2.675``) may still print one unit apart at N >= 1: DuckDB rounds the exact binary value,
+    Spark its shortest decimal form."""
 
     def swap(node: exp.Expr) -> exp.Expr:
         if not (isinstance(node, exp.Anonymous) and node.name.lower() == "printf"):
@@ -643,10 +648,15 @@ def _printf_floats(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
             return node
         args[0].replace(exp.Literal.string(fmt))
         args = node.expressions
-        kinds = [m.group(1) for m in _CONVERSION.finditer(fmt) if m.group(1) != "%"]
-        for kind, arg in zip(kinds, args[1:], strict=False):
-            if kind.lower() in ("f", "e", "g"):
-                arg.replace(exp.cast(arg.copy(), "double"))
+        found = [m for m in _CONVERSION.finditer(fmt) if m.group(1) != "%"]
+        for m, arg in zip(found, args[1:], strict=False):
+            if m.group(1).lower() in ("f", "e", "g"):
+                value: exp.Expr = exp.cast(arg.copy(), "double")
+                digits = re.search(r"\.(\d+)", m.group(0))
+                if m.group(1) == "f":
+                    value = exp.Anonymous(this="bround", expressions=[
+                        value, exp.Literal.number(int(digits.group(1)) if digits else 6)])
+                arg.replace(value)
         return node
 
     return tree.transform(swap)

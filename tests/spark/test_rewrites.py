@@ -52,9 +52,80 @@ QUERIES: dict[str, str] = {
         order by k
     """,
     "interval_functions": """
-        select k, timestamp '2026-01-01 00:00:00' + to_microseconds(k) as at
+        select k, timestamp '2026-01-01 00:00:00' + to_microseconds(k) as t_at
         from (values (0), (1), (1500001), (86400000001)) as t(k)
         order by k
+    """,
+    "md5_number": """
+        select s, cast(md5_number(s) >> 3 as hugeint) as k
+        from (values ('a'), ('abc|1|-'), (''), ('req-7|-|00ff')) as t(s)
+        order by k
+    """,
+    "hugeint": """
+        select k, sum(cast(a as hugeint) * b) as s, max(cast(a as hugeint)) as m
+        from (values (1, 3000000000, 4000000000), (1, 5000000000, 6000000000), (2, 1, 2))
+            as t(k, a, b)
+        group by k
+        order by k
+    """,
+    "folded_keys": """
+        select l.replica, l.t_at, case when s.replica = l.replica then s.v end as v
+        from (
+            select *, (cast(hash(replica) >> 2 as hugeint) << 64) + t_at as k
+            from (values ('r1', 10), ('r1', 30), ('r2', 5), ('r3', 1), ('r4', 7)) as t(replica, t_at)
+        ) as l
+        asof left join (
+            select *, (cast(hash(replica) >> 2 as hugeint) << 64) + t_at as k
+            from (values ('r1', 10, 'a'), ('r1', 20, 'b'), ('r2', 6, 'c'), ('r3', 0, 'd'))
+                as t(replica, t_at, v)
+        ) as s
+            on l.k >= s.k
+        order by l.replica, l.t_at
+    """,
+    "asof_joins": """
+        select l.g, l.t_at, s.v, s.t_at as s_at
+        from (values ('x', 10), ('x', 20), ('x', 5), ('y', 3), (null, 9), ('x', null))
+            as l(g, t_at)
+        asof left join (values ('x', 10, 'p'), ('x', 15, 'q'), ('y', 4, 'r'), ('x', null, 'n'))
+            as s(g, t_at, v)
+            on l.g = s.g
+            and l.t_at >= s.t_at
+        order by l.g nulls last, l.t_at nulls last
+    """,
+    "union_by_name": """
+        with a as (select 1 as x, 'p' as y), b as (select 'q' as y, 2 as x, 3.5 as z)
+        select * from a
+        union all by name
+        select * from b
+        order by x
+    """,
+    "row_keys": """
+        select k, arg_min(x, (a, b)) as lo, arg_max(x, (a, b)) as hi
+        from (values (1, 1, null, 1), (1, 2, 5, 1), (1, 3, 5, null), (2, 4, 1, 1)) as t(k, x, a, b)
+        group by k
+        order by k
+    """,
+    "any_value": """
+        select k, any_value(v) as v, any_value(v) filter (where f) as w
+        from (values (1, null, true), (1, 'a', true), (2, null, false), (2, 'b', true)) as t(k, v, f)
+        group by k
+        order by k
+    """,
+    "unnest_struct": """
+        select k, unnest(arg_min({'a': x, 'b': y}, x))
+        from (values (1, 2, 'p'), (1, 1, 'q'), (2, 5, 'r')) as t(k, x, y)
+        group by k
+        order by k
+    """,
+    "printf_floats": """
+        select printf('%.1f ms' || ' over %d, %.0f s', a / 1000.0, n, a / 1000.0) as s
+        from (values (1500, 2), (2250, 3), (2500, 4), (3500, 5), (1234, 6)) as t(a, n)
+        order by a
+    """,
+    "parallel_unnests": """
+        select k, unnest(l) as v, unnest(range(1, len(l) + 1)) as i
+        from (values (1, ['a', 'b', 'c']), (2, ['d'])) as t(k, l)
+        order by k, i
     """,
 }
 """A query per rewrite, each ordered so that rows compare by position."""
