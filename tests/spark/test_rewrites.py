@@ -72,12 +72,19 @@ QUERIES: dict[str, str] = {
         select l.replica, l.t_at, case when s.replica = l.replica then s.v end as v
         from (
             select *, (cast(hash(replica) >> 2 as hugeint) << 64) + t_at as k
-            from (values ('r1', 10), ('r1', 30), ('r2', 5), ('r3', 1), ('r4', 7)) as t(replica, t_at)
+            from (
+                select replica, 1767225600000000 + cast(n as bigint) * 1000000000 as t_at
+                from (values ('r1', 10), ('r1', 30), ('r2', 5), ('r3', 1), ('r4', 7), ('r2', 40),
+                    ('r3', 25), ('r1', 3)) as t(replica, n)
+            )
         ) as l
         asof left join (
             select *, (cast(hash(replica) >> 2 as hugeint) << 64) + t_at as k
-            from (values ('r1', 10, 'a'), ('r1', 20, 'b'), ('r2', 6, 'c'), ('r3', 0, 'd'))
-                as t(replica, t_at, v)
+            from (
+                select replica, 1767225600000000 + cast(n as bigint) * 1000000000 as t_at, v
+                from (values ('r1', 10, 'a'), ('r1', 20, 'b'), ('r2', 6, 'c'), ('r3', 0, 'd'),
+                    ('r4', 35, 'e'), ('r2', 33, 'f'), ('r3', 24, 'g')) as t(replica, n, v)
+            )
         ) as s
             on l.k >= s.k
         order by l.replica, l.t_at
@@ -175,3 +182,49 @@ def test_rewrite_gives_duckdbs_answer(spark: SparkSession, rewrite: str) -> None
     for have_row, want_row in zip(got, want, strict=True):
         have = tuple(have_row[i] for i in order)
         assert all(_same(w, h) for w, h in zip(want_row, have, strict=True)), (have, want_row)
+
+
+RANGE_JOIN = """
+    with spans as (
+        select *, (cast(hash(replica) >> 2 as hugeint) << 64) + s as start_key,
+            (cast(hash(replica) >> 2 as hugeint) << 64) + e as end_key
+        from (values ('r1', 1, 10), ('r1', 5, 8), ('r2', 2, 20), ('r3', 30, 40)) as t(replica, s, e)
+    ),
+    instants as (
+        select *, (cast(hash(replica) >> 2 as hugeint) << 64) + t as at_key
+        from (values ('r1', 6), ('r2', 3), ('r3', 1), ('r1', 10)) as t(replica, t)
+    )
+    select i.replica, i.t, count(x.s) as n
+    from instants as i
+    left join spans as x
+        on x.start_key <= i.at_key
+        and x.end_key > i.at_key
+    group by i.replica, i.t
+    order by i.replica, i.t
+"""
+
+
+def test_folded_range_join_is_a_join_on_the_group(spark: SparkSession) -> None:
+    """``folded_range_joins``: a range join bounded both ways over folded keys gives DuckDB's
+    rows and is planned as a join on the group (an equi-join), not a comparison of every pair
+    (a nested loop), which it is without the added equality."""
+    from audit.spark import REWRITES, _translate, translate
+
+    assert "folded_range_joins" in REWRITES
+    con = duckdb.connect()
+    try:
+        want = con.execute(RANGE_JOIN).fetchall()
+    finally:
+        con.close()
+    frame = spark.sql(translate(RANGE_JOIN).sql)
+    assert [tuple(r) for r in frame.collect()] == want
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    assert "NestedLoopJoin" not in plan and "CartesianProduct" not in plan, plan
+    saved = dict(REWRITES)
+    try:
+        _translate.REWRITES.pop("folded_range_joins")
+        unkeyed = spark.sql(translate(RANGE_JOIN).sql)
+        assert "NestedLoopJoin" in unkeyed._jdf.queryExecution().executedPlan().toString()
+    finally:
+        _translate.REWRITES.clear()
+        _translate.REWRITES.update(saved)
