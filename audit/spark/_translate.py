@@ -390,7 +390,8 @@ def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
     return [node]
 
 
-_FLIP: Final = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE}
+_FLIP: Final[dict[type[exp.Expr], type[exp.Expr]]] = {exp.GT: exp.LT, exp.GTE: exp.LTE,
+                                                  exp.LT: exp.GT, exp.LTE: exp.GTE}
 
 
 def _folded_range_joins(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
