@@ -203,8 +203,9 @@ score_rows as (
     -- candidates' scores ranked, and next to them each view quantity such a score may follow,
     -- with its counterpart on the true state. Scores and view quantities (numbers the router
     -- computed with) are equal within 1e-6; the true state is ranked on its grids (counts
-    -- exact, tokens to 1, milliseconds to estimate_tolerance_ms). The router's own cache
-    -- prediction is its view of prefixes, not telemetry: it is the same on both
+    -- exact, tokens to 1, milliseconds to estimate_tolerance_ms). The router's cache
+    -- prediction is not one of them: the same on the view and on the true state, a score
+    -- following it alone would say the view never mattered, whatever else the policy weighs
     select
         f.request_key,
         f.replica,
@@ -223,8 +224,7 @@ score_rows as (
         round(f.router_est_queue_ms + f.router_est_prefill_ms, 6) as view_qp,
         cast(f.true_qp_rank as double) as true_qp,
         round(f.router_est_queue_ms, 6) as view_queue,
-        cast(f.wait_est_rank as double) as true_queue,
-        cast(f.candidate_predicted_cached_tokens as double) as predicted_cached
+        cast(f.wait_est_rank as double) as true_queue
     from final_rows as f
     inner join policy_replayed as p
         on f.request_key = p.request_key
@@ -272,12 +272,6 @@ score_quantities as (
     select
         request_key, replica, chosen, stable_key, score, score_rank, 6 as ord,
         'queue estimate' as quantity, view_queue as view_q, true_queue as true_q
-    from score_rows
-    union all
-    select
-        request_key, replica, chosen, stable_key, score, score_rank, 7 as ord,
-        'predicted cached tokens' as quantity,
-        predicted_cached as view_q, predicted_cached as true_q
     from score_rows
 ),
 
@@ -376,8 +370,7 @@ score_replay as (
             any_value(quantity) filter (where used and ord = 3),
             any_value(quantity) filter (where used and ord = 4),
             any_value(quantity) filter (where used and ord = 5),
-            any_value(quantity) filter (where used and ord = 6),
-            any_value(quantity) filter (where used and ord = 7)
+            any_value(quantity) filter (where used and ord = 6)
         ) as quantities,
         concat_ws(
             ', ',
@@ -386,8 +379,7 @@ score_replay as (
             any_value(quantity) filter (where used and ord = 3 and lower_first),
             any_value(quantity) filter (where used and ord = 4 and lower_first),
             any_value(quantity) filter (where used and ord = 5 and lower_first),
-            any_value(quantity) filter (where used and ord = 6 and lower_first),
-            any_value(quantity) filter (where used and ord = 7 and lower_first)
+            any_value(quantity) filter (where used and ord = 6 and lower_first)
         ) as lower_first_quantities
     from score_quantity_choices
     group by request_key
