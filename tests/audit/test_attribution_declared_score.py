@@ -91,6 +91,20 @@ def test_scores_no_view_quantity_reproduces_leave_the_policy_unknown() -> None:
             "the candidates as its recorded scores do") in evidence
 
 
+@pytest.mark.parametrize(("scores", "why"), [
+    ({"A": 1.0, "B": 1.0, "C": 1.0, "D": 1.0}, "its recorded scores were all equal"),
+    ({"A": 3.0, "B": 1.0, "C": 5.0, "D": 7.0},
+     "the replica it chose had neither the lowest nor the highest recorded score"),
+], ids=["all_equal", "chosen_in_the_middle"])
+def test_scores_that_do_not_say_which_end_is_better_are_not_replayed(
+        scores: dict[str, float], why: str) -> None:
+    """Equal scores, or a chosen replica at neither end of them, leave the direction of the
+    score unknown: no replay, and the reason is given."""
+    p = placed(custom_score_fleet(scores).store())
+    assert p["policy_true_replica"] is None
+    assert p["policy_score_not_replayed"] == why
+
+
 def seen_as(f: Fleet, view: dict[str, tuple[int, int]]) -> Fleet:
     """The same fleet with the router's view of (waiting, running) replaced."""
     f.rows["candidates"] = [

@@ -294,7 +294,8 @@ score_quantity_fits as (
     -- candidates exactly as the scores do (ties included), in the same order (follows) or
     -- the opposite one (reverses). The direction of the score comes from the chosen
     -- candidate (lowest score: lower is better; highest: higher is better). The replica the
-    -- quantity picks on the true state: ties to the replica chosen, then to the stable key
+    -- quantity picks on the true state: ties to the stable key (the replica named first), as
+    -- for the named policies
     select
         request_key,
         ord,
@@ -310,8 +311,8 @@ score_quantity_fits as (
         and max(view_rank) = max(score_rank) as reverses,
         max(score_rank) as score_ranks,
         min(score_rank) filter (where chosen) as chosen_score_rank,
-        arg_min(replica, (true_q, not chosen, stable_key)) as lowest_true_replica,
-        arg_min(replica, (-true_q, not chosen, stable_key)) as highest_true_replica
+        arg_min(replica, (true_q, stable_key)) as lowest_true_replica,
+        arg_min(replica, (-true_q, stable_key)) as highest_true_replica
     from score_quantities_ranked
     group by request_key, ord
 ),
@@ -345,7 +346,8 @@ score_quantity_choices as (
                     and (chosen_score_rank = 1 or chosen_score_rank = score_ranks),
                     false
                 ) as direction_known,
-                chosen_score_rank is not null as chosen_scored
+                chosen_score_rank is not null as chosen_scored,
+                score_ranks = 1 as scores_equal
             from score_quantity_fits
         ) as d
     ) as c
@@ -363,6 +365,7 @@ score_replay as (
         bool_or(used and linear) as linear,
         bool_or(direction_known) as direction_known,
         bool_or(chosen_scored) as chosen_scored,
+        bool_or(scores_equal) as scores_equal,
         concat_ws(
             ', ',
             any_value(quantity) filter (where used and ord = 1),
@@ -403,6 +406,7 @@ score_replay_described as (
         case
             when not chosen_scored
                 then 'the replica it chose is not among its scored candidates'
+            when scores_equal then 'its recorded scores were all equal'
             when not direction_known
                 then 'the replica it chose had neither the lowest nor the highest recorded score'
             when fitting = 0
