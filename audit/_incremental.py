@@ -14,8 +14,9 @@ their request's anchor, decision- and span-keyed rows through the request they b
 trace-keyed staging rows through their trace's request, per-partition summaries by partition,
 scrapes by scrape time; a relation with none of these is replaced whole.
 
-``t0`` is the minimum of: the earliest start of a new span (less :data:`SKEW_NS`, as a span's own
-clock may run ahead of the reference), the stored anchor of every request a new span joins (by
+``t0`` is the minimum of: the start of the partition of the earliest start of a new span (less
+:data:`SKEW_NS`, as a span's own clock may run ahead of the reference; the whole partition, as
+the new spans may move its clock offsets), the stored anchor of every request a new span joins (by
 trace, or by request id), and the start of every partition the watermark has just made final
 (so its verdicts are recomputed once with complete windows and marked ``verdict_final``).
 """
@@ -134,7 +135,9 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
     floor = _slice_floor(con, parts)
     t0: int | None = None
     if dirty_rows:
-        t0 = int(dirty_min) - SKEW_NS
+        # The whole partition of the earliest new span: new spans move its clock bounds, and so
+        # may move the offsets correcting every span of it, not only the spans after them.
+        t0 = parts.start_of(int(dirty_min) - SKEW_NS)
         far = t0 - parts.max_request_ns
         # The stored requests a new span joins: by trace (a late side of a request stored
         # earlier), or by request id (a second trace joined by the request-id fallback).

@@ -102,15 +102,7 @@ def test_slices_read_stored_rows_of_earlier_partitions(stores: dict[str, Any]) -
         assert len(used) >= 2, (kind, counts)
 
 
-IDLE_FIT_INEXACT = pytest.mark.xfail(strict=True, reason=(
-    "known inexactness (as in test_incremental's ten batches): a partition's idle-prefill fit is "
-    "computed once from an idle set that later rows change, here one replica's drifting clock; "
-    "its long_prompt estimates differ by about 1 ms"))
-
-
-@pytest.mark.parametrize("relation", [
-    pytest.param(r, marks=IDLE_FIT_INEXACT) if r in {"attributions", "slow_requests"} else r
-    for r in COMPARED + WINDOWED])
+@pytest.mark.parametrize("relation", COMPARED + WINDOWED)
 def test_wide_partitions_give_the_one_shot_relations(stores: dict[str, Any], relation: str) -> None:
     one, inc = stores["one"], stores["inc"]
     if relation in WINDOWED:
