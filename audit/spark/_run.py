@@ -219,7 +219,8 @@ def _first_line(exc: BaseException) -> str:
 
 def write_public(spark: SparkSession, out: str | os.PathLike[str], built: Built) -> list[str]:
     """Write each public relation that built to ``out/<name>/`` (partitioned by ``part`` where
-    it has that column); returns the names written."""
+    it has that column and rows; an empty one as one file with its columns); returns the names
+    written."""
     root = Path(out).absolute()
     written = []
     for name in _relations.public_relations():
@@ -227,7 +228,9 @@ def write_public(spark: SparkSession, out: str | os.PathLike[str], built: Built)
             continue
         frame = spark.table(name)
         writer = frame.write.mode("overwrite").option("compression", "zstd")
-        if "part" in frame.columns:
+        # an empty relation partitioned by part would be written as no file at all (no
+        # partition folder), which a reader cannot tell from a missing relation: one empty file
+        if "part" in frame.columns and not frame.isEmpty():
             writer = writer.partitionBy("part")
         writer.parquet(str(root / name))
         written.append(name)

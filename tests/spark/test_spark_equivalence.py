@@ -58,7 +58,7 @@ INTERNAL: dict[str, tuple[str, ...]] = {
     "int_attr_requests_judged": ("request_key",),
     "int_attr_decisions_resolved": ("request_key", "attempt", "decision_span_id"),
     "int_attr_candidates_resolved": ("request_key", "attempt", "decision_span_id", "replica"),
-    "int_attr_candidates_state": ("request_key", "decision_key", "replica"),
+    "int_attr_candidates_state": ("request_key", "attempt", "decision_span_id", "replica"),
     "int_attr_requests_placed": ("request_key",),
 }
 """Internal relations the proven ones read, held to the store's too (by their grain): the
