@@ -10,6 +10,7 @@ store's raw tables are exported with ``audit.spark.export_raw``; Spark reads onl
     python3 benchmarks/spark_scaling.py --sizes 5000 20000
     python3 benchmarks/spark_scaling.py --tile-from 20000 --sizes 20000 100000 1000000
     python3 benchmarks/spark_scaling.py --sizes 20000 --compare      # also compare the relations
+    python3 benchmarks/spark_scaling.py --scenario mixed --masters 'local[2]' --compare
 
 Each Spark figure is one session's build of every relation (materialised, as ``routeaudit
 spark`` does) plus the write of the public ones; the session's start (JVM, about 5 s) is
@@ -32,19 +33,20 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def make_store(folder: Path, n: int, tile_from: int | None, batch: int) -> Path:
+def make_store(folder: Path, n: int, tile_from: int | None, batch: int,
+               scenario: str = "baseline") -> Path:
     """A store of ``n`` requests' raw rows (generated, or tiled from a generated base)."""
     from analysis_scaling import generate, tile  # type: ignore[import-not-found]
 
-    path = folder / f"requests_{n}.duckdb"
+    path = folder / f"requests_{scenario}_{n}.duckdb"
     if path.exists():
         return path
     if tile_from and n > tile_from:
-        base = make_store(folder, tile_from, None, batch)
+        base = make_store(folder, tile_from, None, batch, scenario)
         tile(base, path, n)
     else:
         t = time.perf_counter()
-        generate(path, n, batch)
+        generate(path, n, batch, scenario)
         print(f"[{n:>9,}] generated in {time.perf_counter() - t:.0f} s", flush=True)
     return path
 
@@ -132,6 +134,8 @@ def main() -> None:
     ap.add_argument("--tile-from", type=int, default=None, metavar="B")
     ap.add_argument("--masters", nargs="+", default=["local[1]", "local[2]"])
     ap.add_argument("--batch", type=int, default=2000)
+    ap.add_argument("--scenario", default="baseline",
+                    help="testbed scenario (mixed: evictions and preemptions, slow requests)")
     ap.add_argument("--keep", type=Path, default=None, help="keep stores and outputs here")
     ap.add_argument("--compare", action="store_true", help="compare the public relations")
     args = ap.parse_args()
@@ -142,22 +146,22 @@ def main() -> None:
     from audit import spark as routeaudit_spark
 
     for n in args.sizes:
-        store = make_store(folder, n, args.tile_from, args.batch)
+        store = make_store(folder, n, args.tile_from, args.batch, args.scenario)
         con = duckdb.connect(os.fspath(store), read_only=True)
         spans = con.execute("select count(*) from raw_spans").fetchall()[0][0]
         con.close()
-        refreshed = folder / f"refreshed_{n}.duckdb"
+        refreshed = folder / f"refreshed_{args.scenario}_{n}.duckdb"
         duck_s = duckdb_refresh(store, refreshed)
         print(f"[{n:>9,} requests, {spans:,} spans] DuckDB (every relation): {duck_s:.1f} s",
               flush=True)
         con = duckdb.connect(os.fspath(refreshed), read_only=True)
-        raw = folder / f"raw_{n}"
+        raw = folder / f"raw_{args.scenario}_{n}"
         t = time.perf_counter()
         routeaudit_spark.export_raw(con, raw)
         con.close()
         print(f"[{n:>9,}] export to Parquet: {time.perf_counter() - t:.1f} s", flush=True)
         for master in args.masters:
-            out = folder / f"out_{n}_{master[6:-1]}"
+            out = folder / f"out_{args.scenario}_{n}_{master[6:-1]}"
             r = spark_build(raw, out, master)
             rate = n / r["build_s"]
             print(f"[{n:>9,}] Spark {master}: build {r['build_s']:.1f} s ({rate:,.0f} requests/s), "
