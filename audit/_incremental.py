@@ -192,9 +192,10 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
     # summaries) and the requests anchored from t0 (whose spans may start SKEW_NS earlier on
     # their own clocks). What its rows read before that, their replicas' recent past
     # (LOOKBACK_NS) and the windowed summaries' window_partitions before t0's, comes as stored
-    # rows (LOOKBACK_INPUTS, WINDOW_INPUTS, PART_CONTEXT), or, when those are missing, is
-    # recomputed from raw rows back to read_from (a span of a request anchored at t0 may start
-    # SKEW_NS earlier, in the partition before, whose clock window reaches one further back).
+    # rows (LOOKBACK_TAKEN, LOOKBACK_INPUTS, WINDOW_INPUTS, PART_CONTEXT), or, when those are
+    # missing, is recomputed from raw rows back to read_from (a span of a request anchored at t0
+    # may start SKEW_NS earlier, in the partition before, whose clock window reaches one
+    # further back).
     window_from = parts.start_of(t0 - SKEW_NS) - parts.window_partitions * parts.partition_ns
     read_from = min(window_from, t0 - LOOKBACK_NS - SKEW_NS)
     recompute_from = min(parts.start_of(t0), t0 - SKEW_NS)
@@ -290,8 +291,7 @@ def _with_context(db: str, body: str, inputs: tuple[str, ...], old_set: str, pl:
     ctes = []
     for name in inputs:
         if name == "raw_spans":
-            since = (pl.recompute_from_ns + SKEW_NS - LOOKBACK_NS - 2 * parts.max_request_ns
-                     - SKEW_NS)
+            since = pl.recompute_from_ns - LOOKBACK_NS - 2 * parts.max_request_ns
             ctes.append(f"raw_spans as (select * from {main}.raw_spans where start_ns >= {since})")
             continue
         union = "union all"
