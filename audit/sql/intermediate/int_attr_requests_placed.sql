@@ -243,36 +243,40 @@ score_quantities as (
     -- one row per (candidate, quantity): ord numbers the quantities in the order the evidence
     -- names them
     select
-        request_key, replica, chosen, stable_key, score, score_rank, 1 as ord,
-        'waiting + running + pending' as quantity,
-        view_requests_pending as view_q, true_requests as true_q
-    from score_rows
-    union all
-    select
-        request_key, replica, chosen, stable_key, score, score_rank, 2 as ord,
-        'waiting + running' as quantity, view_requests as view_q, true_requests as true_q
-    from score_rows
-    union all
-    select
-        request_key, replica, chosen, stable_key, score, score_rank, 3 as ord,
-        'waiting' as quantity, view_waiting as view_q, true_waiting as true_q
-    from score_rows
-    union all
-    select
-        request_key, replica, chosen, stable_key, score, score_rank, 4 as ord,
-        'remaining tokens' as quantity,
-        view_remaining_tokens as view_q, true_remaining_tokens as true_q
-    from score_rows
-    union all
-    select
-        request_key, replica, chosen, stable_key, score, score_rank, 5 as ord,
-        'queue + prefill estimate' as quantity, view_qp as view_q, true_qp as true_q
-    from score_rows
-    union all
-    select
-        request_key, replica, chosen, stable_key, score, score_rank, 6 as ord,
-        'queue estimate' as quantity, view_queue as view_q, true_queue as true_q
-    from score_rows
+        r.request_key,
+        r.replica,
+        r.chosen,
+        r.stable_key,
+        r.score,
+        r.score_rank,
+        q.ord,
+        q.quantity,
+        case q.ord
+            when 1 then r.view_requests_pending
+            when 2 then r.view_requests
+            when 3 then r.view_waiting
+            when 4 then r.view_remaining_tokens
+            when 5 then r.view_qp
+            when 6 then r.view_queue
+        end as view_q,
+        case q.ord
+            when 1 then r.true_requests
+            when 2 then r.true_requests
+            when 3 then r.true_waiting
+            when 4 then r.true_remaining_tokens
+            when 5 then r.true_qp
+            when 6 then r.true_queue
+        end as true_q
+    from score_rows as r
+    cross join (
+        values
+        (1, 'waiting + running + pending'),
+        (2, 'waiting + running'),
+        (3, 'waiting'),
+        (4, 'remaining tokens'),
+        (5, 'queue + prefill estimate'),
+        (6, 'queue estimate')
+    ) as q (ord, quantity)
 ),
 
 score_quantities_ranked as (
