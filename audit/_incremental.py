@@ -14,11 +14,14 @@ their request's anchor, decision- and span-keyed rows through the request they b
 trace-keyed staging rows through their trace's request, per-partition summaries by partition,
 scrapes by scrape time; a relation with none of these is replaced whole.
 
-``t0`` is the minimum of: the start of the partition of the earliest start of a new span (less
-:data:`SKEW_NS`, as a span's own clock may run ahead of the reference; the whole partition, as
-the new spans may move its clock offsets), the stored anchor of every request a new span joins (by
-trace, or by request id), and the start of every partition the watermark has just made final
-(so its verdicts are recomputed once with complete windows and marked ``verdict_final``).
+``t0`` is the start of the partition of the earliest of: the earliest start of a new span (less
+:data:`SKEW_NS`, as a span's own clock may run ahead of the reference), the stored anchor of every
+request a new span joins (by trace, or by request id), and the anchor of every stored request
+whose prefill was still running then (a new prefill overlapping it moves the idle-prefill fit).
+Whole partitions, because their per-partition summaries (clock offsets, fits, counts) read every
+request of the partition: so every stored row equals a one-shot build's over the rows stored so
+far, and a partition the watermark passes needs no recomputation, only its rows marked
+``verdict_final`` (:func:`_finalise`).
 """
 
 from __future__ import annotations
@@ -158,8 +161,22 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
               and (r.request_key in (select request_key from keys)
                    or r.request_id in (select request_id from ids))
         """).fetchall()[0][0]
+        # The requests whose prefill was still running when the new spans start: a new
+        # execution whose prefill overlaps theirs makes them no longer idle, which moves the
+        # idle-prefill fit of their partition (int_attr_idle_prefills).
+        overlapped = con.execute(f"""
+            select min(r.anchor_ns) from int_attr_executions_timed as e
+            join requests as r using (request_key)
+            where coalesce(e.first_token_at, e.end_at_eff)
+                  >= make_timestamp({(int(dirty_min) - SKEW_NS) // 1000})
+              and r.anchor_ns >= {far - SKEW_NS}
+        """).fetchall()[0][0]
+        if overlapped is not None:
+            t0 = min(t0, parts.start_of(int(overlapped)))
         if joined is not None:
-            t0 = min(t0, int(joined))
+            # the whole partition again: the late span moves its per-partition summaries (the
+            # request's own fits and counts), which every request of the partition reads
+            t0 = min(t0, parts.start_of(int(joined)))
         final_until = horizon(con)[0]
         if final_until is not None and t0 < final_until:
             # Later than the lateness allowed: the row lands in a partition already final. It
@@ -167,23 +184,19 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
             # have overlapped, back to a partition boundary: the final verdicts there are
             # recomputed as a one-shot build would give them.
             t0 = parts.start_of(t0 - parts.max_request_ns)
-    newest = con.execute("select max(start_ns) from raw_spans").fetchall()[0][0]
-    finalising: int | None = None
-    if newest is not None:
-        # Partitions the watermark has passed (end + longest request) whose rows are not final
-        # yet: recomputed once, then marked final by the SQL.
-        watermark = int(newest) - parts.lateness_ns
-        row = con.execute(
-            "select min(part) from requests where not verdict_final "
-            "and (part + 1) * ? + ? <= ? and anchor_ns >= ?",
-            [parts.partition_ns, parts.max_request_ns, watermark,
-             floor if floor is not None else -(2**62)]).fetchall()[0][0]
-        if row is not None:
-            finalising = int(row)
-            start = finalising * parts.partition_ns
-            t0 = start if t0 is None else min(t0, start)
     if t0 is None:
         return None
+    finalising: int | None = None
+    newest = con.execute("select max(start_ns) from raw_spans").fetchall()[0][0]
+    if newest is not None:
+        # The oldest partition the watermark (end + longest request) will likely pass with this
+        # slice, for the record: its rows are marked final after the slice (:func:`_finalise`).
+        row = con.execute(
+            "select min(part) from requests where not verdict_final "
+            "and (part + 1) * ? + ? <= ?",
+            [parts.partition_ns, parts.max_request_ns,
+             int(newest) - parts.lateness_ns]).fetchall()[0][0]
+        finalising = None if row is None else int(row)
     if floor is not None and t0 < floor:
         # retention deleted the raw rows such a slice would read: rows anchored before the
         # floor keep the verdicts they have
@@ -294,17 +307,8 @@ def _with_context(db: str, body: str, inputs: tuple[str, ...], old_set: str, pl:
             since = pl.recompute_from_ns - LOOKBACK_NS - 2 * parts.max_request_ns
             ctes.append(f"raw_spans as (select * from {main}.raw_spans where start_ns >= {since})")
             continue
-        union = "union all"
-        if name == "int_attr_idle_prefills":
-            # a set of execution span ids
-            new = (f"span_id in (select span_id from temp.main.int_attr_executions_timed "
-                   f"where {new_keys})")
-            old = f"span_id in (select span_id from {main}.int_attr_executions_timed where {old_keys})"
-            union = "union"
-        else:
-            new, old = new_keys, old_keys
-        ctes.append(f"{name} as (select * from temp.main.{name} where {new} "
-                    f"{union} by name select * from {main}.{name} where {old})")
+        ctes.append(f"{name} as (select * from temp.main.{name} where {new_keys} "
+                    f"union all by name select * from {main}.{name} where {old_keys})")
     return "with " + ",\n".join(ctes) + f"\nselect * from (\n{body}\n)"
 
 
@@ -445,6 +449,9 @@ def refresh(con: duckdb.DuckDBPyConnection,
                                  f"slice: {_relations._first(exc)}") from exc
             if on_built is not None:
                 on_built(f"build {rel.name}", time.perf_counter() - started)
+        # the newest event time, as `requests` computes its watermark from it
+        newest_ns = con.execute("select max(corrected_start_ns) "
+                                "from temp.main.int_spans_clock_corrected").fetchall()[0][0]
         t0 = pl.t0_ns
         # The keys the slice owns, as stored before and as recomputed.
         _key_sets(con, "old", main, f"anchor_ns >= {t0}")
@@ -499,6 +506,8 @@ def refresh(con: duckdb.DuckDBPyConnection,
                         f"from {main}.{relation}{_relations.LIVE_SUFFIX} where {touched}", named)
             if on_built is not None:
                 on_built(f"replace {table}", time.perf_counter() - started)
+        if newest_ns is not None:
+            _finalise(con, main, parts, int(newest_ns) - parts.lateness_ns)
         con.execute(f"delete from {main}.{DIRTY_TABLE}")
         if before_commit is not None:
             before_commit(con, spans)
@@ -514,6 +523,31 @@ def refresh(con: duckdb.DuckDBPyConnection,
             reopened.spans += moved.spans
             reopened.partitions += moved.partitions
     return spans
+
+
+def _finalise(con: duckdb.DuckDBPyConnection, main: str, parts: Partitioning,
+              watermark_ns: int) -> None:
+    """Mark final the stored rows of the requests the watermark has now passed (their partition's
+    end + ``max_request_s``), as ``requests`` computes ``verdict_final``.
+
+    Nothing else in them changes: every slice that a span of partition ``p`` reaches recomputes
+    the whole of ``p`` and everything after it, so the rows of ``p`` stored after its last span
+    arrived already read its complete summaries and windows; only the flag waits for the
+    watermark."""
+    con.execute(f"create or replace temp table _finalised as select request_key "
+                f"from {main}.requests where not verdict_final "
+                f"and (part::hugeint + 1) * {parts.partition_ns} + {parts.max_request_ns} "
+                f"<= {watermark_ns}")
+    if not con.execute("select count(*) from _finalised").fetchall()[0][0]:
+        return
+    for _relation, table in _derived_tables(con):
+        cols = set(_columns(con, f"{main}.{table}"))
+        if "verdict_final" not in cols:
+            continue
+        if "request_key" not in cols:
+            raise StoreError(f"{table} carries verdict_final without request_key")
+        con.execute(f"update {main}.{table} set verdict_final = true where not verdict_final "
+                    f"and request_key in (select request_key from _finalised)")
 
 
 def far_ns(pl: Plan, parts: Partitioning) -> int:

@@ -70,11 +70,6 @@ def test_slices_give_the_one_shot_relations(stores: tuple[Store, Store, list[str
         f"only one-shot: {only_one}\nonly incremental: {only_inc}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known inexactness: cut into 10 batches, a partition's idle-prefill fit is computed once from "
-    "6 idle points where the one-shot build finds 5 (its attributions' idle estimates differ); "
-    "the windowed summaries of a partition are not recomputed when a later row changes which "
-    "of its executions count as idle"))
 def test_ten_batches_give_the_one_shot_attributions(stores: tuple[Store, Store, list[str]],
                                                     tmp_path: Path) -> None:
     # the one-shot side is the module's (its snapshots change no attribution: they are not

@@ -1,4 +1,5 @@
--- int_attr_idle_prefills: one row per execution (span_id) whose prefill ran alone: the chosen
+-- int_attr_idle_prefills: one row per execution (request_key, span_id: a span id alone is unique
+-- only within its trace) whose prefill ran alone: the chosen
 -- replica had no request queued or in prefill at the decision (drain 0), and no other request's
 -- prefill on that replica overlapped its prefill. These calibrate what a prompt costs on an idle
 -- replica (int_attr_replica_fits). Its own relation with no shared CTE, and (replica, instant)
@@ -7,7 +8,9 @@
 with
 
 idle_starts as (
-    select distinct exec_span_id as span_id
+    select distinct
+        request_key,
+        exec_span_id as span_id
     from int_attr_candidates_state
     where
         chosen
@@ -18,6 +21,7 @@ idle_starts as (
 
 idle_prefills as (
     select
+        e.request_key,
         e.span_id,
         e.replica,
         (cast(hash(e.replica) >> 2 as hugeint) << 64)
@@ -26,11 +30,13 @@ idle_prefills as (
         + epoch_us(e.first_token_at) as first_token_key
     from int_attr_executions_timed as e
     semi join idle_starts as i
-        on e.span_id = i.span_id
+        on e.request_key = i.request_key
+        and e.span_id = i.span_id
 ),
 
 all_prefills as (
     select
+        request_key,
         span_id,
         replica,
         (cast(hash(replica) >> 2 as hugeint) << 64)
@@ -44,18 +50,21 @@ prefill_overlaps as (
     -- the hash key could only mix replicas on a 62-bit collision; the replica is re-checked.
     -- One reference per CTE: a CTE read twice is materialised, and then no IEJoin is planned
     select
+        e.request_key,
         e.span_id,
         coalesce(bool_or(o.replica = e.replica), false) as shared
     from idle_prefills as e
     left join all_prefills as o
         on o.prefill_start_key < e.first_token_key
         and o.first_token_key > e.prefill_start_key
-        and o.span_id <> e.span_id
-    group by e.span_id
+        and (o.span_id <> e.span_id or o.request_key <> e.request_key)
+    group by e.request_key, e.span_id
 ),
 
 final as (
-    select span_id
+    select
+        request_key,
+        span_id
     from prefill_overlaps
     where not shared
 )

@@ -16,7 +16,10 @@ timed as (
 ),
 
 idle_solo as (
-    select span_id from int_attr_idle_prefills
+    select
+        request_key,
+        span_id
+    from int_attr_idle_prefills
 ),
 
 all_requests as (
@@ -44,6 +47,7 @@ calibration_points as (
         w.part,
         t.run_id,
         t.replica,
+        t.request_key,
         t.span_id,
         t.prefill_ms,
         -- whole microseconds: the fits below sum integers, exactly, so their result does not
@@ -169,7 +173,8 @@ idle_points as (
         cast(p.uncached_tokens as hugeint) * (2 * p.cached_tokens + p.uncached_tokens) as x2h
     from calibration_points as p
     inner join idle_solo as i
-        on p.span_id = i.span_id
+        on p.request_key = i.request_key
+        and p.span_id = i.span_id
     left join speed_scale as k
         on p.part = k.part
         and p.run_id is not distinct from k.run_id
