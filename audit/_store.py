@@ -58,7 +58,10 @@ class Store:
     ``refresh_max_share`` paces refreshes that are not quick: after one that took ``d`` seconds,
     the next is due no sooner than ``d * (1 - share) / share`` seconds later (see
     :attr:`refresh_gap_s`), so rebuilding a large store takes at most that share of the time
-    from ingest. 1 (the default) means no pacing.
+    from ingest. 1 (the default) means no pacing. ``ingest_pressed``, when set, says whether
+    ingest needs that time now (the collector: its writer's queue is not near empty); while it
+    says no, the pause is ``refresh_interval_s``: pacing a refresh that takes nothing from a
+    waiting append only makes the verdicts older.
 
     ``background_refresh``: another thread calls :meth:`refresh_if_due` (the collector does), so
     a query refreshes first only when the last refresh took at most
@@ -136,6 +139,8 @@ class Store:
         self._clock = clock
         self._last_refresh = 0.0
         self.last_refresh_s = 0.0
+        self.ingest_pressed: Callable[[], bool] | None = None
+        """Whether ingest is behind now (see the class docstring); None: always paced."""
         _tune(self._con)
         if threads is not None:
             self._con.execute(f"set threads = {int(threads)}")
@@ -340,8 +345,12 @@ class Store:
     @property
     def refresh_gap_s(self) -> float:
         """Seconds from the end of the last refresh until the next is due: ``refresh_interval_s``,
-        or longer after a slow refresh so that refreshing stays within ``refresh_max_share``."""
+        or longer after a slow refresh so that refreshing stays within ``refresh_max_share``
+        (while :attr:`ingest_pressed` says ingest is behind, when set)."""
         share = self.refresh_max_share
+        pressed = self.ingest_pressed
+        if pressed is not None and not pressed():
+            share = 1.0
         gap = max(self.refresh_interval_s, self.last_refresh_s * (1 - share) / share)
         if self._refresh_failures:  # back off: 2, 4, 8… × the interval (at least 1 s)
             backoff = max(self.refresh_interval_s, 1.0) * 2 ** min(self._refresh_failures, 16)

@@ -38,6 +38,11 @@ from collectors.otlp.config import CollectorConfig
 
 log = logging.getLogger("routeaudit.collector")
 
+INGEST_PRESSED_SHARE = 0.05
+"""Background refreshes are paced (``refresh_max_share``) only while the writer's queue holds at
+least this share of ``queue_max_spans``: ingest is behind, and a refresh would take cores it
+needs. With the queue near empty the next refresh follows after ``refresh_interval_s``."""
+
 RETENTION_INTERVAL_S = 60.0
 """How often the retention flags are applied (whole partitions go, so more often gains little)."""
 
@@ -178,6 +183,9 @@ class Collector:
                               max_group_spans=cfg.max_group_spans,
                               before_commit=self._before_commit, spool=self._spool)
         self._writer.start()
+        writer = self._writer
+        pressed_at = max(1, int(cfg.queue_max_spans * INGEST_PRESSED_SHARE))
+        store.ingest_pressed = lambda: writer.depth >= pressed_at
         exporter = Exporter(self._writer, self.metrics, cfg.export_timeout_s)
         receiver = HttpReceiver(exporter, store, self.metrics, cfg, self.health, self.budget)
         policy = ConnectionPolicy(max_connections=cfg.max_connections,

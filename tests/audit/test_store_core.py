@@ -240,6 +240,29 @@ def test_slow_refreshes_are_paced_to_their_share_of_the_time(store_path: Path) -
             Store(store_path, refresh_max_share=share)
 
 
+def test_pacing_applies_only_while_ingest_is_pressed(store_path: Path) -> None:
+    clock = SteppedClock()
+    store = Store(store_path, refresh_interval_s=2.0, refresh_max_share=0.25, clock=clock)
+    pressed = [False]
+    store.ingest_pressed = lambda: pressed[0]
+    store.append(_spans("00000000000000d1"))
+    store.refresh()
+    store.last_refresh_s = 6.0  # a slow refresh: paced, it would be followed by 18 s
+    assert store.refresh_gap_s == pytest.approx(2.0)  # ingest idle: the interval alone
+    store.append(_spans("00000000000000d2"))
+    clock.step(2.1)
+    assert store.refresh_if_due() and not store.dirty
+    store.last_refresh_s = 6.0
+    pressed[0] = True
+    assert store.refresh_gap_s == pytest.approx(18.0)
+    store.append(_spans("00000000000000d3"))
+    clock.step(17.0)
+    assert not store.refresh_if_due() and store.dirty
+    clock.step(1.1)
+    assert store.refresh_if_due()
+    store.close()
+
+
 def test_threads_sets_duckdbs_workers_and_is_checked(store_path: Path) -> None:
     store = Store(store_path, threads=1)
     assert store._con.execute("select current_setting('threads')").fetchone() == (1,)

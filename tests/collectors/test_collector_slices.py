@@ -4,6 +4,7 @@ rows arrive in batches, and ends with the relations a one-shot build gives."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,3 +68,25 @@ def test_a_collector_refreshes_by_slices_as_batches_arrive(tmp_path: Path) -> No
         assert live is not None and live.equals(one.query_arrow(QUERY))
     finally:
         one.close()
+
+
+def test_background_refreshes_are_paced_only_while_the_writer_is_behind(tmp_path: Path) -> None:
+    spans: pa.Table = tiled_sample()["raw_spans"].slice(0, 400)
+    gate = threading.Event()
+    cfg = CollectorConfig(db_path=tmp_path / "audit.duckdb", http_port=0, grpc_port=None,
+                          refresh_interval_s=0.5, refresh_max_share=0.25, queue_max_spans=1000)
+    with Collector(cfg, before_commit=lambda: gate.wait(30)) as c:
+        assert c._writer is not None and c._store is not None
+        c._store.last_refresh_s = 8.0  # as if the last refresh had been slow
+        # the writer's queue is empty: nothing to leave the cores to, the interval alone
+        assert _health(c)["refresh_gap_ms"] == 500.0
+        # commits held back: 400 spans queued (at least 5 % of the queue) is ingest behind,
+        # and the pause after a slow refresh is 8 s × 3 again
+        pending = c._writer.submit(spans=spans)
+        deadline = time.monotonic() + 10
+        while c._writer.depth < 400 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _health(c)["refresh_gap_ms"] == 24000.0
+        gate.set()
+        pending.result(timeout=30)
+        assert _health(c)["refresh_gap_ms"] == 500.0
