@@ -16,7 +16,9 @@ from tests.spark.test_spark_equivalence import _missing, _same
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+# The same xdist group as test_spark_equivalence (one worker, one JVM).
+pytestmark = [pytest.mark.skipif(_missing() is not None, reason=_missing() or ""),
+              pytest.mark.xdist_group("spark")]
 
 QUERIES: dict[str, str] = {
     "rounding_casts": """

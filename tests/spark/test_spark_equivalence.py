@@ -74,7 +74,12 @@ def _missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+# One xdist group (`make test` runs `-n 2 --dist loadgroup`): every Spark test in one worker,
+# the module's build done once, and run as that worker's first work (xdist hands out the
+# largest group first). A gateway forked by a worker that had already run the gRPC collector
+# tests exited at start (JAVA_GATEWAY_EXITED, nothing on its stderr but gRPC's epoll error).
+pytestmark = [pytest.mark.skipif(_missing() is not None, reason=_missing() or ""),
+              pytest.mark.xdist_group("spark")]
 
 
 @pytest.fixture(scope="module")
