@@ -46,8 +46,13 @@ DIRTY_DDL: Final = (
 """What each append brought since the last refresh: one row per (batch, trace)."""
 
 SKEW_NS: Final = 60 * 10**9
-"""How far a host's clock may run ahead of the reference: a request's anchor is at most this
-before the raw start of any of its spans."""
+"""How far a host's clock may run ahead of or behind the reference at most: a request's anchor is
+at most this before the raw start of any of its spans, or after it."""
+
+SKEW_MARGIN_NS: Final = 2 * 10**9
+"""A slice assumes the clocks of its time are off by at most the largest offset the store
+measured around it plus this (never more than :data:`SKEW_NS`), and checks it against the
+offsets it computes itself (:func:`refresh`)."""
 
 LOOKBACK_NS: Final = 330 * 10**9
 """What a request's rows read before its anchor on its replicas: prefix blocks served up to 300 s
@@ -123,6 +128,8 @@ class Plan:
     dirty_rows: int
     finalising: int | None
     """The oldest partition whose verdicts this refresh makes final, if any."""
+    skew_ns: int = SKEW_NS
+    """The clock offset the slice assumes at most (:data:`SKEW_MARGIN_NS`)."""
 
     def without_stored_windows(self) -> Plan:
         """The plan recomputing every window from raw rows, as a slice over re-opened partitions
@@ -130,9 +137,11 @@ class Plan:
         return replace(self, recompute_from_ns=self.read_from_ns)
 
 
-def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
-    """The slice a refresh must recompute, or None when nothing arrived and no partition became
-    final. ``con`` reads the store's stored relations (a transaction started by the caller)."""
+def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning,
+         skew_ns: int = SKEW_NS) -> Plan | None:
+    """The slice a refresh must recompute, or None when nothing arrived. ``con`` reads the
+    store's stored relations (a transaction started by the caller). ``skew_ns``: the clock
+    offset assumed at most (:data:`SKEW_NS`, or less as :func:`assumed_skew` measured)."""
     dirty_rows, dirty_min = con.execute(
         f"select count(*), min(start_ns) from {DIRTY_TABLE}").fetchall()[0]
     floor = _slice_floor(con, parts)
@@ -140,7 +149,7 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
     if dirty_rows:
         # The whole partition of the earliest new span: new spans move its clock bounds, and so
         # may move the offsets correcting every span of it, not only the spans after them.
-        t0 = parts.start_of(int(dirty_min) - SKEW_NS)
+        t0 = parts.start_of(int(dirty_min) - skew_ns)
         far = t0 - parts.max_request_ns
         # The stored requests a new span joins: by trace (a late side of a request stored
         # earlier), or by request id (a second trace joined by the request-id fallback).
@@ -168,7 +177,7 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
             select min(r.anchor_ns) from int_attr_executions_timed as e
             join requests as r using (request_key)
             where coalesce(e.first_token_at, e.end_at_eff)
-                  >= make_timestamp({(int(dirty_min) - SKEW_NS) // 1000})
+                  >= make_timestamp({(int(dirty_min) - skew_ns) // 1000})
               and r.anchor_ns >= {far - SKEW_NS}
         """).fetchall()[0][0]
         if overlapped is not None:
@@ -211,8 +220,8 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> Plan | None:
     # further back).
     window_from = parts.start_of(t0 - SKEW_NS) - parts.window_partitions * parts.partition_ns
     read_from = min(window_from, t0 - LOOKBACK_NS - SKEW_NS)
-    recompute_from = min(parts.start_of(t0), t0 - SKEW_NS)
-    return Plan(t0, read_from, recompute_from, int(dirty_rows), finalising)
+    recompute_from = min(parts.start_of(t0), t0 - skew_ns)
+    return Plan(t0, read_from, recompute_from, int(dirty_rows), finalising, skew_ns)
 
 
 def _slice_floor(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> int | None:
@@ -266,7 +275,7 @@ def _context_requests(con: duckdb.DuckDBPyConnection, main: str, pl: Plan,
     (``recompute_from_ns`` + :data:`SKEW_NS`): ``_context_window``, the earlier requests of the
     windows of ``t0``'s partition, and ``_context_lookback``, those of the replica lookback
     (and those still in flight when it starts)."""
-    whole_from = pl.recompute_from_ns + SKEW_NS
+    whole_from = pl.recompute_from_ns + pl.skew_ns
     lo = pl.t0_ns // parts.partition_ns - parts.window_partitions
     since = whole_from - LOOKBACK_NS - parts.max_request_ns
     con.execute(f"create or replace temp table _context_window as select request_key "
@@ -279,14 +288,14 @@ def _new_requests(con: duckdb.DuckDBPyConnection, pl: Plan) -> None:
     """``_context_new``: the slice's requests its region surely holds whole (once ``requests``
     is built)."""
     con.execute(f"create or replace temp table _context_new as select request_key "
-                f"from temp.main.requests where anchor_ns >= {pl.recompute_from_ns + SKEW_NS}")
+                f"from temp.main.requests where anchor_ns >= {pl.recompute_from_ns + pl.skew_ns}")
 
 
 def _take_stored_requests(con: duckdb.DuckDBPyConnection, main: str, name: str, pl: Plan) -> None:
     """Replace the slice's rows of ``name`` (one of :data:`LOOKBACK_TAKEN`) of the requests its
     region may hold in part by the stored rows of the lookback's requests."""
     con.execute(f"delete from temp.main.{name} where request_key in (select request_key "
-                f"from temp.main.requests where anchor_ns < {pl.recompute_from_ns + SKEW_NS})")
+                f"from temp.main.requests where anchor_ns < {pl.recompute_from_ns + pl.skew_ns})")
     con.execute(f"insert into temp.main.{name} by name select * from {main}.{name} "
                 f"where request_key in (select request_key from _context_lookback)")
 
@@ -392,7 +401,40 @@ def refresh(con: duckdb.DuckDBPyConnection,
 
     ``store_path``: the store's file, whose closed partitions (audit._closed) a slice reaching
     them re-opens in this transaction; what it moved back is added to ``reopened`` (its folders
-    are deleted here once the transaction has committed)."""
+    are deleted here once the transaction has committed).
+
+    The slice assumes the clocks of its time are off by at most what the store measured around
+    it (:func:`assumed_skew`); when the offsets it computes exceed that, it is rolled back and
+    run again assuming :data:`SKEW_NS`."""
+    try:
+        return _refresh(con, before_commit, on_plan, on_built, store_path, reopened, None)
+    except _SkewExceeded:
+        return _refresh(con, before_commit, on_plan, on_built, store_path, reopened, SKEW_NS)
+
+
+class _SkewExceeded(Exception):
+    """A slice found clock offsets larger than it assumed (it was rolled back)."""
+
+
+def assumed_skew(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> int:
+    """The clock offset a slice assumes at most: the largest the store measured over the
+    partitions around the new rows, plus :data:`SKEW_MARGIN_NS`, at most :data:`SKEW_NS`."""
+    dirty_min = con.execute(f"select min(start_ns) from {DIRTY_TABLE}").fetchall()[0][0]
+    if dirty_min is None:
+        return SKEW_NS
+    since = int(dirty_min) // parts.partition_ns - parts.window_partitions - 1
+    seen = con.execute("select max(abs(offset_ns)) from int_clock_offsets where part >= ?",
+                       [since]).fetchall()[0][0]
+    return min(SKEW_NS, int(seen or 0) + SKEW_MARGIN_NS)
+
+
+def _refresh(con: duckdb.DuckDBPyConnection,
+             before_commit: Callable[[duckdb.DuckDBPyConnection, int], None] | None,
+             on_plan: Callable[[Plan], None] | None,
+             on_built: Callable[[str, float], None] | None,
+             store_path: str | os.PathLike[str] | None,
+             reopened: _closed.Moved | None,
+             skew_ns: int | None) -> int | None:
     rels = _relations.load_relations()
     as_views = _relations.views(rels)
     db = con.execute("select current_database()").fetchall()[0][0]
@@ -401,7 +443,7 @@ def refresh(con: duckdb.DuckDBPyConnection,
     con.execute("begin transaction")
     try:
         parts = Partitioning.read(con)
-        pl = plan(con, parts)
+        pl = plan(con, parts, assumed_skew(con, parts) if skew_ns is None else skew_ns)
         if pl is None:
             con.execute("rollback")
             return None
@@ -449,6 +491,14 @@ def refresh(con: duckdb.DuckDBPyConnection,
                                  f"slice: {_relations._first(exc)}") from exc
             if on_built is not None:
                 on_built(f"build {rel.name}", time.perf_counter() - started)
+        if pl.skew_ns < SKEW_NS:
+            # the offsets correcting the spans of the requests the slice owns, as it computed
+            # them: the region holds those requests whole only if none exceeds the assumption
+            seen = con.execute("select max(abs(offset_ns)) from temp.main.int_clock_offsets "
+                               "where part >= ?",
+                               [pl.recompute_from_ns // parts.partition_ns]).fetchall()[0][0]
+            if seen is not None and int(seen) > pl.skew_ns - SKEW_MARGIN_NS // 2:
+                raise _SkewExceeded
         # the newest event time, as `requests` computes its watermark from it
         newest_ns = con.execute("select max(corrected_start_ns) "
                                 "from temp.main.int_spans_clock_corrected").fetchall()[0][0]
@@ -568,7 +618,7 @@ def _reopen_reached(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLik
         moved.spans += back.spans
         moved.partitions += back.partitions
         moved.stale += back.stale
-        again = plan(con, parts)
+        again = plan(con, parts, pl.skew_ns)
         assert again is not None  # the marks that planned the slice are still there
         pl = again
 

@@ -49,8 +49,8 @@ def test_partitions_the_watermark_passes_are_marked_final(tmp_path: Path) -> Non
     plans: list[_incremental.Plan] = []
     original = _incremental.plan
 
-    def recording(con, parts):  # type: ignore[no-untyped-def]
-        pl = original(con, parts)
+    def recording(con, parts, skew_ns=_incremental.SKEW_NS):  # type: ignore[no-untyped-def]
+        pl = original(con, parts, skew_ns)
         if pl is not None:
             plans.append(pl)
         return pl

@@ -24,6 +24,7 @@ from audit._store import Store
 SETTINGS = {"partition_s": "240", "window_partitions": "2", "lateness_s": "5",
             "max_request_s": "60"}
 COPIES = 6
+AHEAD_NS = 15 * 10**9
 COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attributes", "slo_targets"}]
 WINDOWED = ["int_clock_offsets", "int_clock_bounds_per_domain_pair", "int_clock_domain_spans",
             "int_attr_replica_fits", "int_attr_client_gaps"]
@@ -40,7 +41,8 @@ def _one_run_per_policy(raw: dict[str, pa.Table]) -> dict[str, pa.Table]:
     """The copies of each run joined into one run: windowed summaries are per run, so only a
     run longer than a slice's recomputed region reads the stored rows of its earlier requests
     (as a fleet without run ids, one run that never ends, always does). And one replica's
-    clock skewed and drifting, so that clock offsets depend on their windows."""
+    clock skewed and drifting, so that clock offsets depend on their windows, and another's
+    15 s ahead, beyond what a slice assumes before it has measured it."""
     con = duckdb.connect()
     try:
         con.register("s", raw["raw_spans"])
@@ -50,7 +52,8 @@ def _one_run_per_policy(raw: dict[str, pa.Table]) -> dict[str, pa.Table]:
         # partition, and a window's bounds are those of all its partitions
         skew = f"(40000000 + (start_ns - {t}) // 50000)"
         con.execute(f"create table shifted as select trace_id, span_id, {skew} as skew_ns "
-                    f"from s where host_name = 'replica-1'")
+                    f"from s where host_name = 'replica-1' union all "
+                    f"select trace_id, span_id, {AHEAD_NS} from s where host_name = 'replica-2'")
         spans = con.sql(
             "select s.* replace (regexp_replace(a_run_id, '-c[0-9]+$', '') as a_run_id, "
             "regexp_replace(r_run_id, '-c[0-9]+$', '') as r_run_id, "
@@ -76,6 +79,16 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             counts.append(int(con.execute(f"select count(*) from {kind}").fetchall()[0][0]))
 
     patch.setattr(_incremental, "_context_requests", counting)
+    assumed: list[int] = []
+    planning = _incremental.plan
+
+    def recording(con: Any, parts: Any, skew_ns: int = _incremental.SKEW_NS) -> Any:
+        pl = planning(con, parts, skew_ns)
+        if pl is not None:
+            assumed.append(pl.skew_ns)
+        return pl
+
+    patch.setattr(_incremental, "plan", recording)
     d = tmp_path_factory.mktemp("windows")
     raw = _one_run_per_policy(tiled_sample(COPIES))
     one = _store(d / "one.duckdb", incremental=False)
@@ -87,7 +100,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         inc.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
         inc.refresh()
     try:
-        yield {"one": one, "inc": inc, "stored_requests": stored_requests}
+        yield {"one": one, "inc": inc, "stored_requests": stored_requests, "assumed": assumed}
     finally:
         one.close()
         inc.close()
@@ -102,16 +115,23 @@ def test_slices_read_stored_rows_of_earlier_partitions(stores: dict[str, Any]) -
         assert len(used) >= 2, (kind, counts)
 
 
+def test_slices_assume_the_measured_skew_and_check_it(stores: dict[str, Any]) -> None:
+    assumed = stores["assumed"]
+    # before replica-2's offset is measured a slice assumes 2 s, finds 15 s and runs again
+    # assuming 60 s; once it is stored, slices assume it plus the margin
+    assert _incremental.SKEW_MARGIN_NS in assumed, assumed
+    assert _incremental.SKEW_NS in assumed, assumed
+    measured = [s for s in assumed if AHEAD_NS < s < _incremental.SKEW_NS]
+    assert len(measured) >= len(assumed) // 2, assumed
+
+
 @pytest.mark.parametrize("relation", COMPARED + WINDOWED)
 def test_wide_partitions_give_the_one_shot_relations(stores: dict[str, Any], relation: str) -> None:
     one, inc = stores["one"], stores["inc"]
     if relation in WINDOWED:
-        # steps between raw rows and the marts are not kept for closed partitions; the idle fit
-        # is the known inexactness above
+        # steps between raw rows and the marts are not kept for closed partitions
         until = _closed.closed_until(inc._con) or 0
-        idle = " exclude (idle_n, idle_slope, idle_attn_ms_per_token2, idle_intercept)" if (
-            relation == "int_attr_replica_fits") else ""
-        a, b = (query_rows(store, f"select *{idle} from {relation} where part >= {until}")
+        a, b = (query_rows(store, f"select * from {relation} where part >= {until}")
                 for store in (one, inc))
     else:
         a, b = relation_rows(one, relation), relation_rows(inc, relation)
