@@ -461,11 +461,15 @@ def _refresh(con: duckdb.DuckDBPyConnection,
         _restrict_raw(con, db, pl, parts)
         # The requests anchored before t0 are context: other rows read them, none is stored.
         # The settings the slice's relations read say so (stg_partitioning.judge_from_ns), and
-        # the costliest per-candidate work skips them.
-        con.execute(f"create or replace temp view routeaudit_meta as "
-                    f"select * from {main}.routeaudit_meta where key <> 'judge_from_ns' "
-                    f"union all select 'judge_from_ns', '{int(pl.t0_ns)}'")
+        # the costliest per-candidate work skips them. When the windowed summaries read the
+        # stored rows of those requests, nothing reads their candidates' state either
+        # (context_from_ns: their in-flight work is not looked up).
         stored_windows = pl.recompute_from_ns > pl.read_from_ns
+        context = f"union all select 'context_from_ns', '{int(pl.t0_ns)}'" if stored_windows else ""
+        con.execute(f"create or replace temp view routeaudit_meta as "
+                    f"select * from {main}.routeaudit_meta "
+                    f"where key not in ('judge_from_ns', 'context_from_ns') "
+                    f"union all select 'judge_from_ns', '{int(pl.t0_ns)}' {context}")
         if stored_windows:
             _context_requests(con, main, pl, parts)
         for rel in rels:

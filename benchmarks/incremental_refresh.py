@@ -307,8 +307,9 @@ def watch_plans() -> list[_incremental.Plan]:
     seen: list[_incremental.Plan] = []
     original = _incremental.plan
 
-    def recording(con: duckdb.DuckDBPyConnection, parts: _incremental.Partitioning) -> Any:
-        pl = original(con, parts)
+    def recording(con: duckdb.DuckDBPyConnection, parts: _incremental.Partitioning,
+                  skew_ns: int = _incremental.SKEW_NS) -> Any:
+        pl = original(con, parts, skew_ns)
         if pl is not None:
             seen.append(pl)
         return pl

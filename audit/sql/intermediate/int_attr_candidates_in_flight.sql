@@ -50,6 +50,12 @@ candidate_instants as (
     from int_attr_candidates_resolved as c
     inner join int_attr_decisions_resolved as d
         on c.decision_key = d.decision_key
+    -- inside an incremental refresh's slice the candidates of requests anchored before
+    -- context_from_ns are read by no row it computes: not looked up
+    inner join requests as r
+        on c.request_key = r.request_key
+    cross join stg_partitioning as p
+    where p.context_from_ns is null or r.anchor_ns >= p.context_from_ns
 ),
 
 present_work as (

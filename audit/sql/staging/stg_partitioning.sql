@@ -12,7 +12,8 @@ settings as (
             as window_partitions,
         max(try_cast(value as double)) filter (where key = 'lateness_s') as lateness_s,
         max(try_cast(value as double)) filter (where key = 'max_request_s') as max_request_s,
-        max(try_cast(value as bigint)) filter (where key = 'judge_from_ns') as judge_from_ns
+        max(try_cast(value as bigint)) filter (where key = 'judge_from_ns') as judge_from_ns,
+        max(try_cast(value as bigint)) filter (where key = 'context_from_ns') as context_from_ns
     from routeaudit_meta
 ),
 
@@ -29,7 +30,10 @@ final as (
         coalesce(max_request_s, 600.0) as max_request_s,
         -- set only inside an incremental refresh's slice (never stored): requests anchored
         -- before it are context there, read but not judged
-        judge_from_ns
+        judge_from_ns,
+        -- set only inside a slice whose windows read stored rows: the candidates of requests
+        -- anchored before it are read by no row of the slice's own (not looked up)
+        context_from_ns
     from settings
 )
 
