@@ -24,3 +24,18 @@ def captures() -> Path:
     """The captures folder; part of the repository, so its absence is an error, not a skip."""
     assert (CAPTURES / "otlp").is_dir(), f"captures missing from the repository: {CAPTURES}"
     return CAPTURES
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``-n 2 --dist loadgroup``, every test of a module that has a module-scoped fixture
+    goes to one xdist group named after the module, so the fixture (often a whole store built
+    by many refreshes) is built once, not once per worker. Runs before xdist names the groups."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
