@@ -40,6 +40,49 @@ MAX_FAILED_REFRESH_GAP_S = 300.0
 """Longest pause before retrying after refreshes that failed (they back off, doubling)."""
 
 
+PARTITIONING_KEYS: Final = ("partition_s", "max_request_s", "lateness_s", "window_partitions")
+"""The store settings a new store may be given (``stg_partitioning``, docs/architecture.md)."""
+
+
+def _set_partitioning(con: duckdb.DuckDBPyConnection, wanted: dict[str, float], path: Path) -> None:
+    """Write ``wanted`` into ``routeaudit_meta`` of a store without spans; on a store with spans,
+    check it against the settings the store's relations were built with (stg_partitioning,
+    whose defaults apply to unset keys)."""
+    unknown = sorted(set(wanted) - set(PARTITIONING_KEYS))
+    if unknown:
+        raise StoreError(f"unknown partitioning setting(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(PARTITIONING_KEYS)})")
+    for key, value in wanted.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise StoreError(f"{key} must be a number > 0, got {value!r}")
+    windows = wanted.get("window_partitions")
+    if windows is not None and windows != int(windows):
+        raise StoreError(f"window_partitions must be a whole number, got {windows!r}")
+    spans = int(con.execute("select count(*) from raw_spans").fetchall()[0][0])
+    if spans == 0 and not _closed.folder(path).exists():
+        con.executemany("insert or replace into routeaudit_meta values (?, ?)",
+                        [[k, str(int(v) if k == "window_partitions" else float(v))]
+                         for k, v in wanted.items()])
+        # relations built over no rows under other settings: rebuilt under these
+        con.execute("delete from routeaudit_meta where key = 'relations_version'")
+        return
+    built = con.execute(
+        "select count(*) from information_schema.tables "
+        "where table_catalog = current_database() and table_name = 'stg_partitioning'").fetchall()[0][0]
+    current: dict[str, float] = {}
+    if built:  # the settings in force, defaults included
+        row = con.execute(f"select {', '.join(PARTITIONING_KEYS)} from stg_partitioning").fetchall()
+        current = {k: float(v) for k, v in zip(PARTITIONING_KEYS, row[0], strict=True)} if row else {}
+    if not current:  # relations not built yet: what the store was given
+        stored = dict(con.execute("select key, value from routeaudit_meta").fetchall())
+        current = {k: float(stored[k]) for k in PARTITIONING_KEYS if k in stored}
+    differ = [f"{k} {current[k]:g} (asked {float(v):g})" for k, v in wanted.items()
+              if k in current and float(v) != current[k]]
+    if differ:
+        raise StoreError(f"{path} holds spans partitioned with {', '.join(differ)}: a store keeps "
+                         "the partitioning it was created with (start a new store to change it)")
+
+
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(path)}{SIDECAR_SUFFIX}")
 
@@ -76,6 +119,11 @@ class Store:
     A rebuild with every core takes them from the appends beside it; with fewer it runs longer
     but ingest keeps the rest (the collector leaves half the cores to its own threads).
 
+    ``partitioning``: settings of a new store's partitions (:data:`PARTITIONING_KEYS`:
+    ``partition_s``, ``max_request_s``, ``lateness_s``, ``window_partitions``), written to
+    ``routeaudit_meta`` while the store holds no spans; a store that holds spans keeps the
+    settings it was created with, and asking for others is a :class:`StoreError`.
+
     ``clock``: monotonic seconds, when refreshes ended and are due (default
     :func:`time.monotonic`); tests pass one they step. A refresh's own duration is always
     measured on the real clock.
@@ -86,7 +134,8 @@ class Store:
                  memory_limit: str | None = None, threads: int | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  query_limits: QueryLimits = DEFAULT_LIMITS,
-                 incremental: bool | None = None) -> None:
+                 incremental: bool | None = None,
+                 partitioning: Mapping[str, float] | None = None) -> None:
         if not 0 < refresh_max_share <= 1:
             raise StoreError(f"refresh_max_share must be in (0, 1], got {refresh_max_share!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -179,6 +228,8 @@ class Store:
             # by slices when the stopped writer kept marks of what it appended.
             self._dirty = True
             self._full_rebuild_due = not marks_kept
+        if partitioning:
+            _set_partitioning(self._con, dict(partitioning), self.path)
         if self._closes:
             _closed.allow(self._con, self.path)
         if not _views_current(self._con):

@@ -1,13 +1,14 @@
 """Always-on soak: a collector left running under steady traffic, sampled every ``--sample-s``.
 
 The collector is ``python -m collectors.otlp`` in its own process on a fresh store in a temporary
-folder, with the collector's defaults: no spool, the background refresh every 2 s paced to a
-quarter of the time, ``--refresh-mode auto`` (full rebuilds below 20,000 spans, slices of event
-time from there on: what a user who starts ``routeaudit collect`` gets). Only the store's
-partitioning is not the default: before the collector opens it, the store is created with
-``partition_s`` ``--partition-s`` (60) and ``max_request_s`` ``--max-request-s`` (60) in
-``routeaudit_meta`` (docs/architecture.md, "Partitions and windows"), so partitions close to
-Parquet within minutes (about 10 at these settings; 28 at the defaults, ``--partition-s 0``).
+folder, with the collector's defaults: no spool, the background refresh every 2 s (paced to a
+quarter of the time while the writer's queue is behind), ``--refresh-mode auto`` (full rebuilds
+below 20,000 spans, slices of event time from there on: what a user who starts ``routeaudit
+collect`` gets). Only the store's partitioning is not the default: the collector creates the
+store with ``--partition`` ``--partition-s`` (60 s) and ``--max-request`` ``--max-request-s``
+(60 s) (docs/architecture.md, "Partitions and windows"), so a slice recomputes about a minute
+of traffic and partitions close to Parquet within minutes (about 10 at these settings; 28 at
+the defaults, ``--partition-s 0``).
 
 Traffic: ``--senders`` processes run the testbed's virtual-time simulator (``hot_prefix``,
 ``qp_cost`` router, no ground truth) for fleets of 8 replicas at ``--fleet-rate`` requests/s
@@ -234,19 +235,6 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def make_store(db: Path, partition_s: float, max_request_s: float) -> None:
-    """A new store file holding only the soak's partitioning, which the collector then opens
-    (a store's settings are read from ``routeaudit_meta``; its relations are built later)."""
-    import duckdb
-
-    con = duckdb.connect(str(db))
-    con.execute("create table if not exists routeaudit_meta (key varchar primary key, value varchar)")
-    if partition_s > 0:
-        con.execute("insert or replace into routeaudit_meta values ('partition_s', ?), "
-                    "('max_request_s', ?)", [str(partition_s), str(max_request_s)])
-    con.close()
-
-
 def soak(args: argparse.Namespace) -> int:
     import httpx
 
@@ -259,13 +247,15 @@ def soak(args: argparse.Namespace) -> int:
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ra-soak-"))
     tmp.mkdir(parents=True, exist_ok=True)
     db = tmp / "audit.duckdb"
-    make_store(db, args.partition_s, args.max_request_s)
     # a SIGTERM stops the senders and the collector too (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
     port = free_port()
     log = open(tmp / "collector.log", "wb")  # noqa: SIM115 - closed in the finally below
+    partitioning = (["--partition", f"{args.partition_s:g}s", "--max-request", f"{args.max_request_s:g}s"]
+                    if args.partition_s > 0 else [])
     proc = subprocess.Popen([sys.executable, "-m", "collectors.otlp", "--db", str(db),
-                             "--http-port", str(port), "--grpc-port", "-1", *args.collector_arg],
+                             "--http-port", str(port), "--grpc-port", "-1", *partitioning,
+                             *args.collector_arg],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     base = f"http://127.0.0.1:{port}"
     shared = [_Shared() for _ in range(senders)]

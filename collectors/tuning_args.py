@@ -84,6 +84,16 @@ _FLAGS: Final[tuple[tuple[str, str, Any, str, str], ...]] = (
     ("--retain-verdicts", "retain_verdicts_s", duration, "DURATION",
      "keep requests, decisions, attributions and the other derived rows this long behind the "
      "newest span, e.g. 90d (default: keep everything)"),
+    ("--partition", "partition_s", duration, "DURATION",
+     "width of a time partition of a new store, e.g. 60s: a refresh by slices recomputes whole "
+     "partitions, so narrower ones keep verdicts fresher (default 5m; a store keeps the "
+     "width it was created with)"),
+    ("--max-request", "max_request_s", duration, "DURATION",
+     "longest a request's spans may arrive after its start, for a new store: a partition's "
+     "verdicts are final once the watermark is this far past its end (default 10m)"),
+    ("--lateness", "lateness_s", duration, "DURATION",
+     "allowed lateness of spans, for a new store: the watermark is the newest span's start "
+     "minus this (default 30s)"),
     ("--log-repeat-interval", "log_repeat_interval_s", float, "S",
      "the same warning is logged at most once per this many seconds, with a count (default 10)"),
 )

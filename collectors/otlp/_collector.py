@@ -164,6 +164,8 @@ class Collector:
                           threads=cfg.store_threads,
                           memory_limit=cfg.store_memory_limit,
                           incremental={"auto": None, "slices": True, "full": False}[cfg.refresh_mode],
+                          partitioning={k: v for k in ("partition_s", "max_request_s", "lateness_s")
+                                        if (v := getattr(cfg, k)) is not None},
                           query_limits=QueryLimits(timeout_s=cfg.query_timeout_s,
                                                    max_rows=cfg.query_max_rows,
                                                    max_bytes=cfg.query_max_bytes))

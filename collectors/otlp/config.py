@@ -174,6 +174,7 @@ class CollectorConfig:
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
     """Seconds each transport lets in-flight requests finish on stop."""
     log_repeat_interval_s: float = DEFAULT_LOG_REPEAT_INTERVAL_S
+    """At most one line per this many seconds for the same warning (``DEFAULT_LOG_REPEAT_INTERVAL_S``)."""
     query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
     """Seconds a read query may run before it is interrupted (``DEFAULT_QUERY_TIMEOUT_S``)."""
     query_max_rows: int = DEFAULT_QUERY_MAX_ROWS
@@ -190,7 +191,13 @@ class CollectorConfig:
     retain_verdicts_s: float | None = None
     """Keep derived rows (requests, decisions, attributions...) this many seconds behind the
     newest span (None: keep everything). May exceed ``retain_raw_s``."""
-    """At most one line per this many seconds for the same warning (``DEFAULT_LOG_REPEAT_INTERVAL_S``)."""
+    partition_s: float | None = None
+    """Width of a new store's time partitions, seconds (None: the store's own, 300 for a new
+    one); a store holding spans keeps the width it was created with (docs/architecture.md)."""
+    max_request_s: float | None = None
+    """A new store's ``max_request_s`` (None: the store's own, 600 for a new one)."""
+    lateness_s: float | None = None
+    """A new store's allowed lateness, seconds (None: the store's own, 30 for a new one)."""
     host: str | None = None
     """Shorthand for the command line: when given, sets both ``http_host`` and ``grpc_host``
     at construction (and reads back as None afterwards)."""
@@ -263,7 +270,8 @@ class CollectorConfig:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
         if self.refresh_mode not in ("auto", "slices", "full"):
             raise ConfigError(f"refresh_mode must be auto, slices or full, got {self.refresh_mode!r}")
-        for name in ("retain_raw_s", "retain_verdicts_s"):
+        for name in ("retain_raw_s", "retain_verdicts_s", "partition_s", "max_request_s",
+                     "lateness_s"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
                                       or not 0 < value < float("inf")):
