@@ -24,7 +24,7 @@ import audit
 from audit import _closed, _relations
 from audit._store import Store
 
-COPIES = 7
+COPIES = 6
 BATCHES = 5
 COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attributes", "slo_targets"}]
 

@@ -20,7 +20,7 @@ from audit import _incremental
 PART_NS = int(float(SETTINGS["partition_s"]) * 1e9)
 LONGEST_NS = int(float(SETTINGS["max_request_s"]) * 1e9)
 LATE_NS = int(float(SETTINGS["lateness_s"]) * 1e9)
-BATCH_NS = 40 * 10**9
+BATCH_NS = 60 * 10**9
 
 
 def _in_time_order(raw: dict[str, pa.Table]) -> list[dict[str, pa.Table]]:
