@@ -21,7 +21,7 @@ def _closed_spans(store: Store) -> int:
 
 def test_a_store_with_closed_partitions_keeps_refreshing_by_slices(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    parts = batches(tiled_sample(7), seed=3, batches=6)
+    parts = batches(tiled_sample(6), seed=3, batches=5)
     monkeypatch.setattr(_store, "INCREMENTAL_MIN_SPANS", 1)
     store = new_store(tmp_path / "s.duckdb", incremental=None)
     try:
