@@ -297,7 +297,17 @@ prefill_estimated as (
                     0.0
                 )
             else prefill_alone_ms
-        end as prefill_there_ms
+        end as prefill_there_ms,
+        -- the part of that stretch the work present at the decision caused on the replica
+        -- that ran it: a scheduler that admits at once shows the wait as a longer prefill, and
+        -- it is the request's own wait as much as a queue (the overload rule reads it)
+        case
+            when exec_prefill_ms > 0 and exec_prefill_alone_ms > 0
+                then least(
+                    greatest(exec_prefill_ms - exec_prefill_alone_ms, 0.0),
+                    greatest(coalesce(exec_wait_est_ms, 0.0) - coalesce(exec_queue_ms, 0.0), 0.0)
+                )
+        end as exec_load_stretch_ms
     from prefill_modelled as m
     left join exec_waits as w
         on m.request_key = w.request_key

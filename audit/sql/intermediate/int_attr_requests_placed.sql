@@ -587,6 +587,7 @@ final as (
         c.exec_span_id,
         c.exec_queue_ms,
         c.exec_prefill_ms,
+        c.exec_load_stretch_ms,
         c.exec_ttft_ms,
         c.exec_cached_tokens,
         c.exec_uncached_tokens,

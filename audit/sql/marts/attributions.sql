@@ -190,8 +190,10 @@ judged as (
                 )
         end, false) as view_was_stale,
         -- the wait, not the prefill, made the difference (within the tolerance: the wait)
-        coalesce(s.exec_queue_ms, 0) - s.a_wait_est_ms
-        >= coalesce(s.exec_prefill_ms, 0) - s.evicted_tokens * s.c_nominal_ms_per_token
+        -- (the prefill's stretch by the work present is the wait's)
+        coalesce(s.exec_queue_ms, 0) + coalesce(s.exec_load_stretch_ms, 0) - s.a_wait_est_ms
+        >= coalesce(s.exec_prefill_ms, 0) - coalesce(s.exec_load_stretch_ms, 0)
+        - s.evicted_tokens * s.c_nominal_ms_per_token
         - s.a_prefill_est_ms - t.estimate_tolerance_ms as wait_decided,
         -- the policy weighs replica load (docs/attribution.md lists them)
         coalesce(
@@ -410,11 +412,13 @@ cause_overload as (
         0.7 as base_confidence,
         printf(
             'every eligible candidate was busy: the shortest estimated wait was %.0f ms (%s) '
-            || 'over %d candidates; this request queued %.0f ms; TTFT %.0f ms vs SLO %.0f ms',
+            || 'over %d candidates; this request queued %.0f ms and its prefill was stretched '
+            || '%.0f ms by the work present; TTFT %.0f ms vs SLO %.0f ms',
             min_wait_ms,
             coalesce(min_wait_replica, chosen_replica),
             candidates,
             coalesce(exec_queue_ms, c_wait_est_ms),
+            coalesce(exec_load_stretch_ms, 0.0),
             ttft_ms,
             ttft_slo_ms
         ) as evidence
@@ -425,9 +429,11 @@ cause_overload as (
         and chosen_replica is not null
         and eligible_unobserved = 0
         and min_wait_ms > 0
-        -- the load must have cost this request: its own measured queue (else its estimated
-        -- wait) was not short
-        and coalesce(exec_queue_ms, c_wait_est_ms) >= t.overload_min_queue_ms
+        -- the load must have cost this request: its own wait was not short, queued (measured,
+        -- else estimated) or admitted at once with its prefill sharing steps with the work
+        -- present (the stretch that work caused); a request that did neither never gets it
+        and coalesce(exec_queue_ms, c_wait_est_ms) + coalesce(exec_load_stretch_ms, 0.0)
+        >= t.overload_min_queue_ms
 ),
 
 cause_long_prompt as (
