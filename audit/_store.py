@@ -229,7 +229,11 @@ class Store:
             self._dirty = True
             self._full_rebuild_due = not marks_kept
         if partitioning:
-            _set_partitioning(self._con, dict(partitioning), self.path)
+            try:
+                _set_partitioning(self._con, dict(partitioning), self.path)
+            except StoreError:
+                self._con.close()  # the file's lock goes with the refusal
+                raise
         if self._closes:
             _closed.allow(self._con, self.path)
         if not _views_current(self._con):
