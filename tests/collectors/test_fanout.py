@@ -473,13 +473,17 @@ def _store(path: Path, incremental: bool) -> Store:
     return store
 
 
+RUNS = 6
+"""Runs of the closed-partitions merge test: enough that partitions close in both sources."""
+
+
 def test_closed_partitions_of_the_sources_are_merged(tmp_path: Path) -> None:
     """Sources refreshed by slices move old partitions to Parquet; the merge reads them too."""
     t0 = 1_767_225_600_000_000_000
     sources = [_store(tmp_path / "a.duckdb", True), _store(tmp_path / "b.duckdb", True)]
     single = _store(tmp_path / "single.duckdb", False)
     try:
-        for k in range(8):  # eight runs of 45 s, three minutes apart
+        for k in range(RUNS):  # runs of 45 s, three minutes apart
             spans, events = _testbed_batch(seed=10 + k, n=30, t0_ns=t0 + k * 180 * 10**9)
             single.append(spans=spans, events=events)
             side = pa.array([collector_of(bytes.fromhex(t), 2) for t in spans["trace_id"].to_pylist()])
@@ -511,7 +515,7 @@ def test_closed_partitions_of_the_sources_are_merged(tmp_path: Path) -> None:
         q = f"select count(*) as n, count(distinct (trace_id, span_id)) as k from {table}"
         assert (audit.open(tmp_path / "a.duckdb").query(q).rows()
                 == audit.open(tmp_path / "single.duckdb").query(q).rows()), table
-    assert_linked_once(tmp_path / "a.duckdb", 8 * 30)
+    assert_linked_once(tmp_path / "a.duckdb", RUNS * 30)
     assert_same_relations(tmp_path / "a.duckdb", tmp_path / "single.duckdb")
 
 
