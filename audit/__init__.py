@@ -19,7 +19,7 @@ from audit._incremental import Retained
 from audit._readonly import QueryCancel, QueryLimits
 from audit._reads import Reads
 from audit._slo import SLO, load_slo
-from audit._store import PARTITIONING_KEYS, Reader, Store, open, sidecar_path, without_null_columns
+from audit._store import Reader, Store, open, sidecar_path, without_null_columns
 
 __all__ = [
     "open",
@@ -30,7 +30,6 @@ __all__ = [
     "SLO",
     "load_slo",
     "sidecar_path",
-    "PARTITIONING_KEYS",
     "without_null_columns",
     "AuditError",
     "StoreError",

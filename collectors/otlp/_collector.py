@@ -23,7 +23,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from audit import PARTITIONING_KEYS, QueryLimits, Retained, Store, StoreError, sidecar_path
+from audit import QueryLimits, Retained, Store, StoreError, sidecar_path
+from audit._store import PARTITIONING_KEYS
 from collectors.otlp._errors import QueueFull, StartError, WriterUnavailable
 from collectors.otlp._export import Exporter
 from collectors.otlp._grpc import GrpcLimits, GrpcReceiver, GrpcServer
