@@ -24,7 +24,6 @@ from typing import Any
 import pyarrow as pa
 
 from audit import QueryLimits, Retained, Store, StoreError, sidecar_path
-from audit._store import PARTITIONING_KEYS
 from collectors.otlp._errors import QueueFull, StartError, WriterUnavailable
 from collectors.otlp._export import Exporter
 from collectors.otlp._grpc import GrpcLimits, GrpcReceiver, GrpcServer
@@ -165,8 +164,8 @@ class Collector:
                           threads=cfg.store_threads,
                           memory_limit=cfg.store_memory_limit,
                           incremental={"auto": None, "slices": True, "full": False}[cfg.refresh_mode],
-                          partitioning={k: v for k in PARTITIONING_KEYS
-                                        if (v := getattr(cfg, k, None)) is not None},
+                          partitioning={k: v for k in ("partition_s", "max_request_s", "lateness_s")
+                                        if (v := getattr(cfg, k)) is not None},
                           query_limits=QueryLimits(timeout_s=cfg.query_timeout_s,
                                                    max_rows=cfg.query_max_rows,
                                                    max_bytes=cfg.query_max_bytes))
