@@ -235,6 +235,16 @@ def _part_expr(kind: str, w: int) -> tuple[str, str]:
     raise ValueError(kind)
 
 
+def _written(name: str, typ: str) -> str:
+    """Column ``name`` of a derived table's row ``t`` as written to Parquet. A ``HUGEINT``
+    (``decision_key``: 125 bits) goes as ``DECIMAL(38, 0)``, which holds it exactly; DuckDB
+    would write it as a ``DOUBLE`` and lose its low bits. Readers cast it back
+    (:func:`_closed_select`)."""
+    if typ == "HUGEINT":
+        return f'cast(t."{name}" as decimal(38, 0)) as "{name}"'
+    return f't."{name}"'
+
+
 def _copy(con: duckdb.DuckDBPyConnection, select: str, root: Path, table: str) -> None:
     target = str(root / table).replace("'", "''")
     con.execute(f"copy ({select}) to '{target}' (format parquet, compression {COMPRESSION}, "
@@ -276,14 +286,15 @@ def close(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
         kept = kept_tables(con)
         _owned_parts(con, lo, hi)
         for _, table in _incremental._derived_tables(con):
-            cols = [c for c, _ in _columns(con, f"main.{table}")]
+            typed = _columns(con, f"main.{table}")
+            cols = [c for c, _ in typed]
             kind = _incremental._ownership(cols)
             if kind == "whole":
                 continue
             join, part = _part_expr(kind, w)
             where = f"{part} >= {lo} and {part} < {hi}"
             if table in kept:
-                own = ", ".join(f't."{c}"' for c in cols if c != "part")
+                own = ", ".join(_written(c, typ) for c, typ in typed if c != "part")
                 _copy(con, f"select {own}, {part} as part from main.{table} as t{join} "
                       f"where {where}", root, table)
             if join:

@@ -106,6 +106,8 @@ def relations_version() -> str:
     """A hash of every relation's text: tells whether a store's views match this code."""
     h = hashlib.sha256()
     h.update(b"cached-at-defaults-3")  # how refresh() materialises (bump when that changes)
+    # how closed partitions are written: a store closed by an older form is rebuilt from raw rows
+    h.update(b"closed-hugeint-as-decimal")
     for r in load_relations():
         h.update(r.name.encode())
         h.update(r.sql.encode())
