@@ -39,6 +39,11 @@ most this long; a larger store's rebuild (minutes at a million requests) is left
 MAX_FAILED_REFRESH_GAP_S = 300.0
 """Longest pause before retrying after refreshes that failed (they back off, doubling)."""
 
+MIN_REFRESH_GAP_S = 0.25
+"""While ingest is not behind, refreshes start ``refresh_interval_s`` apart, and one that ran
+longer than that is followed after this pause only: the rows that arrived during it wait for one
+refresh, not for a refresh and an interval (the lag of always-on verdicts)."""
+
 
 PARTITIONING_KEYS: Final = ("partition_s", "max_request_s", "lateness_s", "window_partitions")
 """The store settings a new store may be given (``stg_partitioning``, docs/architecture.md)."""
@@ -103,8 +108,9 @@ class Store:
     :attr:`refresh_gap_s`), so rebuilding a large store takes at most that share of the time
     from ingest. 1 (the default) means no pacing. ``ingest_pressed``, when set, says whether
     ingest needs that time now (the collector: its writer's queue is not near empty); while it
-    says no, the pause is ``refresh_interval_s``: pacing a refresh that takes nothing from a
-    waiting append only makes the verdicts older.
+    says no, refreshes start ``refresh_interval_s`` apart (or :data:`MIN_REFRESH_GAP_S` after
+    one that took longer): pacing a refresh that takes nothing from a waiting append only makes
+    the verdicts older.
 
     ``background_refresh``: another thread calls :meth:`refresh_if_due` (the collector does), so
     a query refreshes first only when the last refresh took at most
@@ -400,13 +406,16 @@ class Store:
     @property
     def refresh_gap_s(self) -> float:
         """Seconds from the end of the last refresh until the next is due: ``refresh_interval_s``,
-        or longer after a slow refresh so that refreshing stays within ``refresh_max_share``
-        (while :attr:`ingest_pressed` says ingest is behind, when set)."""
-        share = self.refresh_max_share
+        or longer after a slow refresh so that refreshing stays within ``refresh_max_share``.
+        While :attr:`ingest_pressed` (when set) says ingest is not behind, nothing is paced:
+        refreshes start ``refresh_interval_s`` apart, or :data:`MIN_REFRESH_GAP_S` after one
+        that took longer."""
         pressed = self.ingest_pressed
         if pressed is not None and not pressed():
-            share = 1.0
-        gap = max(self.refresh_interval_s, self.last_refresh_s * (1 - share) / share)
+            gap = max(self.refresh_interval_s - self.last_refresh_s, MIN_REFRESH_GAP_S)
+        else:
+            share = self.refresh_max_share
+            gap = max(self.refresh_interval_s, self.last_refresh_s * (1 - share) / share)
         if self._refresh_failures:  # back off: 2, 4, 8… × the interval (at least 1 s)
             backoff = max(self.refresh_interval_s, 1.0) * 2 ** min(self._refresh_failures, 16)
             gap = max(gap, min(backoff, MAX_FAILED_REFRESH_GAP_S))

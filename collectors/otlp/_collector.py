@@ -41,7 +41,8 @@ log = logging.getLogger("routeaudit.collector")
 INGEST_PRESSED_SHARE = 0.05
 """Background refreshes are paced (``refresh_max_share``) only while the writer's queue holds at
 least this share of ``queue_max_spans``: ingest is behind, and a refresh would take cores it
-needs. With the queue near empty the next refresh follows after ``refresh_interval_s``."""
+needs. With the queue near empty refreshes start ``refresh_interval_s`` apart, or right after one
+that took longer (``Store.refresh_gap_s``)."""
 
 RETENTION_INTERVAL_S = 60.0
 """How often the retention flags are applied (whole partitions go, so more often gains little)."""

@@ -14,7 +14,7 @@ import audit
 from audit import queries
 from audit._errors import QueryError, ReadOnlyError, StoreError
 from audit._readonly import check_read_only
-from audit._store import Store
+from audit._store import MIN_REFRESH_GAP_S, Store
 from audit.schema import RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA, raw_ddl
 from collectors.otlp._decode import decode, parse_protobuf
 
@@ -248,10 +248,14 @@ def test_pacing_applies_only_while_ingest_is_pressed(store_path: Path) -> None:
     store.append(_spans("00000000000000d1"))
     store.refresh()
     store.last_refresh_s = 6.0  # a slow refresh: paced, it would be followed by 18 s
-    assert store.refresh_gap_s == pytest.approx(2.0)  # ingest idle: the interval alone
+    # ingest idle: nothing paced, the next follows the slow one after the shortest pause
+    assert store.refresh_gap_s == pytest.approx(MIN_REFRESH_GAP_S)
     store.append(_spans("00000000000000d2"))
-    clock.step(2.1)
+    clock.step(MIN_REFRESH_GAP_S + 0.01)
     assert store.refresh_if_due() and not store.dirty
+    # a refresh shorter than the interval: the next starts the interval after it started
+    store.last_refresh_s = 0.5
+    assert store.refresh_gap_s == pytest.approx(1.5)
     store.last_refresh_s = 6.0
     pressed[0] = True
     assert store.refresh_gap_s == pytest.approx(18.0)
