@@ -234,13 +234,7 @@ def refresh(con: duckdb.DuckDBPyConnection,
     """
     rels = load_relations()
     as_views = views(rels)
-    defaults = variable_defaults(rels)
-    reads = variables_read(rels)
-
-    def at_defaults(name: str) -> str:
-        return " and ".join(
-            f"coalesce(getvariable('{var}'), {defaults[var]}) = {defaults[var]}"
-            for var in sorted(reads[name])) or "true"
+    at_defaults = _at_defaults(rels)
     con.execute("begin transaction")
     try:
         spans = int(con.sql("select count(*) from raw_spans").fetchall()[0][0])
@@ -255,14 +249,7 @@ def refresh(con: duckdb.DuckDBPyConnection,
                 _drop(con, name)
             try:
                 if rel.name in to_cache:
-                    live, table = rel.name + LIVE_SUFFIX, rel.name + CACHE_SUFFIX
-                    con.execute(f"create view {live} as\n{body}")
-                    con.execute(f"create table {table} as select * from {live}")
-                    cond = at_defaults(rel.name)
-                    con.execute(
-                        f"create view {rel.name} as\n"
-                        f"select * from {table} where {cond}\n"
-                        f"union all\nselect * from {live} where not ({cond})")
+                    _create_cached(con, rel.name, body, at_defaults(rel.name))
                 else:
                     con.execute(f"create {kind} {rel.name} as\n{body}")
             except duckdb.Error as exc:
@@ -278,6 +265,66 @@ def refresh(con: duckdb.DuckDBPyConnection,
         con.execute("rollback")
         raise
     return spans
+
+
+def _at_defaults(rels: list[Relation]) -> Callable[[str], str]:
+    """For a relation's name, the SQL condition "every session variable it reads is unset or at
+    its default"."""
+    defaults = variable_defaults(rels)
+    reads = variables_read(rels)
+
+    def at_defaults(name: str) -> str:
+        return " and ".join(
+            f"coalesce(getvariable('{var}'), {defaults[var]}) = {defaults[var]}"
+            for var in sorted(reads[name])) or "true"
+    return at_defaults
+
+
+def _create_cached(con: duckdb.DuckDBPyConnection, name: str, body: str, cond: str) -> None:
+    """Relation ``name`` as its live view, its table at the defaults, and the view that picks
+    one of them by ``cond`` (:func:`refresh`)."""
+    live, table = name + LIVE_SUFFIX, name + CACHE_SUFFIX
+    con.execute(f"create view {live} as\n{body}")
+    con.execute(f"create table {table} as select * from {live}")
+    con.execute(f"create view {name} as\n"
+                f"select * from {table} where {cond}\n"
+                f"union all\nselect * from {live} where not ({cond})")
+
+
+def has_cached(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the store's relations include the tables at the defaults (:func:`cached`)."""
+    names = [name + CACHE_SUFFIX for name in cached()]
+    found = con.execute(
+        "select count(*) from information_schema.tables where table_catalog = current_database() "
+        "and table_schema = 'main' and table_name in (select unnest(?::varchar[]))",
+        [names]).fetchall()[0][0]
+    return int(found) == len(names)
+
+
+def add_cached(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Materialise the cached relations at the defaults, in one transaction, on a store whose
+    relations were built without them (small then, and refreshed by slices since, which keep
+    the tables that exist up to date but never create one). Each is computed once over every
+    row ``con`` reads (closed partitions included, where their views are installed); later
+    slices maintain it. Returns the relations cached. Must run with no session variable set."""
+    rels = load_relations()
+    at_defaults = _at_defaults(rels)
+    to_cache = set(cached(rels))
+    made: list[str] = []
+    con.execute("begin transaction")
+    try:
+        for rel in rels:
+            if rel.name not in to_cache:
+                continue
+            for name in (rel.name, rel.name + LIVE_SUFFIX, rel.name + CACHE_SUFFIX):
+                _drop(con, name)
+            _create_cached(con, rel.name, rel.sql.strip().rstrip(";"), at_defaults(rel.name))
+            made.append(rel.name)
+        con.execute("commit")
+    except BaseException:
+        con.execute("rollback")
+        raise
+    return made
 
 
 def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:

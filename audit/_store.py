@@ -293,6 +293,8 @@ class Store:
                     if back.partitions:
                         self._partitions_moved()
                     self.last_refresh_kind = "none" if spans is None else "slice"
+                    if spans is not None:
+                        self._cache_once_large()
                 else:
                     if self._closes:
                         # a full rebuild reads every partition: the closed ones come back first
@@ -340,6 +342,23 @@ class Store:
                 self._last_refresh = self._clock()
                 self.last_refresh_s = time.perf_counter() - started
             return self.last_refresh_s
+
+    def _cache_once_large(self) -> None:
+        """Materialise the relations at the defaults (``_relations.add_cached``) once a store
+        refreshed by slices reaches :data:`~audit._relations.CACHE_MIN_SPANS`: it was small at
+        its last full rebuild, and slices only maintain the tables that exist, so the dashboard
+        would otherwise compute every verdict live, over the whole history for per-run figures."""
+        if self._spans_stored < _relations.CACHE_MIN_SPANS and self.closed_until_ns is None:
+            return
+        cur = self._con.cursor()
+        try:
+            if _relations.has_cached(cur):
+                return
+            if self._closes:
+                _closed.install_views(cur, self.path)  # the closed partitions' rows too
+            _relations.add_cached(cur)
+        finally:
+            cur.close()
 
     def _count_moved(self, spans: int) -> None:
         """Spans moved into (positive) or out of (negative) the DuckDB tables by a re-open or a

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from tiled_sample import batches, new_store, tiled_sample
+from tiled_sample import batches, new_store, relation_rows, tiled_sample
 
-from audit import _closed, _store
+from audit import _closed, _relations, _store
 from audit._store import Store
 
 
@@ -46,3 +46,35 @@ def test_a_store_with_closed_partitions_keeps_refreshing_by_slices(
         assert _closed.closed_until(store._con) is not None
     finally:
         store.close()
+
+
+def test_a_store_refreshed_by_slices_gets_the_tables_at_the_defaults_once_large(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = tiled_sample(2)
+    parts = batches(raw, seed=5, batches=4)
+    monkeypatch.setattr(_store, "INCREMENTAL_MIN_SPANS", 1)
+    monkeypatch.setattr(_relations, "CACHE_MIN_SPANS", 10**9)
+    store = new_store(tmp_path / "s.duckdb", incremental=None)
+    one = new_store(tmp_path / "one.duckdb", incremental=False)
+    try:
+        cached, kinds = [], []
+        for i, batch in enumerate(parts):
+            if i == 2:  # this batch takes the store past the size the tables are kept from
+                monkeypatch.setattr(_relations, "CACHE_MIN_SPANS", store._spans_stored + 1)
+            store.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
+            store.refresh()
+            kinds.append(store.last_refresh_kind)
+            cached.append(_relations.has_cached(store._con))
+        assert set(kinds) <= {"slice", "none"} and kinds[2:4] == ["slice", "slice"], kinds
+        assert cached == [False, False] + [True] * (len(parts) - 2)
+        one.append(spans=raw["raw_spans"], events=raw["raw_span_events"],
+                   snapshots=raw["raw_snapshots"])
+        one.refresh()
+        assert _relations.has_cached(one._con)
+        # made once over what was stored, then kept by the last slice: as a one-shot build's
+        for name in _relations.cached():
+            table = name + _relations.CACHE_SUFFIX
+            assert relation_rows(store, table) == relation_rows(one, table), table
+    finally:
+        store.close()
+        one.close()
