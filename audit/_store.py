@@ -243,7 +243,9 @@ class Store:
         if self._closes:
             _closed.allow(self._con, self.path)
         if not _views_current(self._con):
-            # Relations are rebuilt when the SQL changed since this store was last refreshed.
+            # Relations are rebuilt when the SQL changed since this store was last refreshed:
+            # all of them, as a slice would read stored rows of the old relations' columns.
+            self._full_rebuild_due = True
             self.refresh()
             self._con.execute("checkpoint")
         try:

@@ -78,3 +78,24 @@ def test_a_store_refreshed_by_slices_gets_the_tables_at_the_defaults_once_large(
     finally:
         store.close()
         one.close()
+
+
+def test_relations_of_another_version_are_rebuilt_whole_at_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a slice would read the stored rows of relations whose columns may have changed
+    monkeypatch.setattr(_store, "INCREMENTAL_MIN_SPANS", 1)
+    raw = tiled_sample(1)
+    path = tmp_path / "s.duckdb"
+    store = new_store(path, incremental=None)
+    store.append(spans=raw["raw_spans"], events=raw["raw_span_events"])
+    store.refresh()
+    assert store.last_refresh_kind == "slice"
+    store._con.execute("update routeaudit_meta set value = 'older' where key = 'relations_version'")
+    store.close()
+    reopened = Store(path, incremental=None)
+    try:
+        assert reopened.last_refresh_kind == "full"
+        assert reopened._con.execute("select value from routeaudit_meta where key = "
+                                     "'relations_version'").fetchall() == [(_relations.relations_version(),)]
+    finally:
+        reopened.close()
