@@ -47,6 +47,11 @@ COMPRESSION_LEVEL: Final = 6
 """zstd's level for closed partitions: against the default 3, 2.3 % fewer bytes for 12 % more
 time writing them (a soak store's closed partitions, every table; docs/performance.md)."""
 
+WINDOW_FROM_VARIABLE: Final = "routeaudit_window_from_ns"
+"""Session variable a reader of a time window sets to the window's start (Unix ns): the views
+over closed partitions then skip the files of partitions that no row of the window's requests
+can come from (:func:`install_views`). Unset, every closed partition is read."""
+
 KEY_TABLES: Final = ("requests", "int_attr_decisions_resolved", "int_spans_clock_corrected",
                      "executions")
 """Read by a slice's plan and key sets (audit._incremental), so kept for closed partitions:
@@ -190,13 +195,21 @@ def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[
             "(select unnest(?::varchar[])) order by table_name, column_index",
             [db, tables]).fetchall():
         cols.setdefault(str(table), []).append((str(name), str(typ)))
+    # A window's requests are anchored at or after its start; what their rows read (windowed
+    # fits, lookbacks, executions still running) lies at most reach_ns before it, and every
+    # closed row sits in the partition of its request's anchor (or its own time). The bound is
+    # a constant once the variable is bound, so DuckDB skips the other partitions' files.
+    parts = _incremental.Partitioning.read(con)
+    lowest = -(2**63)
+    where = (f"part < {until} and part >= coalesce((getvariable('{WINDOW_FROM_VARIABLE}') "
+             f"- {reach_ns(parts)}) // {parts.partition_ns}, {lowest})")
     statements = []
     for table, columns in cols.items():
         qualified = f'"{db}".main."{table}"'
         names = ", ".join(f'"{name}"' for name, _ in columns)
         statements.append(
             f'create or replace temp view "{table}" as select {names} from {qualified} '
-            f"union all {_closed_select(root, table, columns, f'part < {until}')}")
+            f"union all {_closed_select(root, table, columns, where)}")
     if statements:
         con.execute(";\n".join(statements))
     return len(statements)

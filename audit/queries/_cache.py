@@ -8,7 +8,16 @@ from typing import Any
 import polars as pl
 
 from audit._reads import Reads
-from audit.queries._common import REPLICA, REQUEST_AT, TimeWindow, bucket, buckets_param, in_window, width
+from audit.queries._common import (
+    REPLICA,
+    REQUEST_AT,
+    TimeWindow,
+    bucket,
+    buckets_param,
+    in_window,
+    width,
+    window_variables,
+)
 
 
 def _cache_base(window: TimeWindow | None) -> tuple[str, list[Any]]:
@@ -41,7 +50,7 @@ def cache_by_replica(reader: Reads, *, window: TimeWindow | None = None) -> pl.D
             count(*) filter (where predicted > actual) as over_predicted
         from base group by all order by replica, policy
         """,
-        params,
+        params, variables=window_variables(window),
     )
 
 
@@ -58,7 +67,7 @@ def cache_scatter(reader: Reads, limit: int = 5000, *,
         order by hash(request_id)
         limit ?
         """,
-        [*params, int(limit)],
+        [*params, int(limit)], variables=window_variables(window),
     )
 
 
@@ -75,7 +84,7 @@ def cache_confusion(reader: Reads, *, window: TimeWindow | None = None) -> pl.Da
             count(*) as requests
         from base group by all order by replica, policy, predicted, actual
         """,
-        params,
+        params, variables=window_variables(window),
     )
 
 
@@ -99,7 +108,7 @@ def cache_misses_over_time(reader: Reads, buckets: int = 60, *,
         where base.started_at is not null
         group by all order by bucket, replica
         """,
-        [*params, buckets_param(buckets)],
+        [*params, buckets_param(buckets)], variables=window_variables(window),
     )
 
 
@@ -122,5 +131,5 @@ def cache_hit_rate_over_time(reader: Reads, buckets: int = 60, *,
         from base cross join width
         group by all order by bucket, replica
         """,
-        [*params, buckets_param(buckets)],
+        [*params, buckets_param(buckets)], variables=window_variables(window),
     )

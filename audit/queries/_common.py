@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import polars as pl
 
-from audit import _relations
+from audit import _closed, _relations
 from audit._reads import Reads
 from audit._slo import SLO
 
@@ -121,6 +121,17 @@ def in_window(window: TimeWindow | None, column: str = REQUEST_AT) -> tuple[str,
     return (" and ".join(parts) or "true"), params
 
 
+def window_variables(window: TimeWindow | None) -> dict[str, float | str] | None:
+    """The session variable that lets the views over closed partitions skip the partitions no
+    row of ``window``'s requests comes from (``routeaudit_window_from_ns``: the window's start;
+    docs/architecture.md, "Closed partitions"); None for a window open at its start. Pass it
+    with every query that keeps only the window's rows."""
+    if window is None or window.start is None:
+        return None
+    since_epoch = window.start - datetime(1970, 1, 1, tzinfo=UTC)
+    return {_closed.WINDOW_FROM_VARIABLE: since_epoch // timedelta(microseconds=1) * 1000}
+
+
 def overlaps_window(window: TimeWindow | None, start: str, end: str) -> tuple[str, list[Any]]:
     """Like :func:`in_window` for rows that last from column ``start`` to column ``end``
     (an execution on a replica): those that overlap the window."""
@@ -160,21 +171,25 @@ def window_counts(reader: Reads, window: TimeWindow | None = None) -> pl.DataFra
     return reader.query(
         f"select count(*) as requests, min({REQUEST_AT}) as first_at, "
         f"max({REQUEST_AT}) as last_at, {split} from requests where {where}",
-        params,
+        params, variables=window_variables(window),
     )
 
 
 def query_at(reader: Reads, sql: str, params: Sequence[Any] | None = None, slo: SLO | None = None,
-        *, run: str | None = None, request: str | None = None) -> pl.DataFrame:
+        *, run: str | None = None, request: str | None = None,
+        window: TimeWindow | None = None) -> pl.DataFrame:
     """One query at ``slo`` (None: the reader's own), so that the good/slow split and the causes
     shown follow the same targets.
 
     ``run`` / ``request``: the query reads only that run's / that request's rows, so the live
     attribution computation (the one at a non-default SLO) may be limited to them
     (``routeaudit_scope_run`` / ``routeaudit_scope_request``; docs/attribution.md): the same
-    rows, in a fraction of the time on a large store."""
-    scope = {name: value for name, value in ((SCOPE_RUN_VARIABLE, run),
-                                             (SCOPE_REQUEST_VARIABLE, request)) if value is not None}
+    rows, in a fraction of the time on a large store. ``window``: the query keeps only that
+    window's rows (:func:`window_variables`)."""
+    scope: dict[str, float | str] = {
+        name: value for name, value in ((SCOPE_RUN_VARIABLE, run),
+                                        (SCOPE_REQUEST_VARIABLE, request)) if value is not None}
+    scope.update(window_variables(window) or {})
     return reader.query(sql, params, slo=slo, variables=scope or None)
 
 

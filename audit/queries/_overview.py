@@ -17,6 +17,7 @@ from audit.queries._common import (
     overlaps_window,
     query_at,
     width,
+    window_variables,
 )
 
 
@@ -30,7 +31,7 @@ def overview_totals(reader: Reads, slo: SLO | None = None, *,
     tpot_p50/p90/p99 (ms, successful requests only).
     """
     where, params = in_window(window)
-    return query_at(reader, f"select {OUTCOMES} from {JUDGED} where {where}", params, slo)
+    return query_at(reader, f"select {OUTCOMES} from {JUDGED} where {where}", params, slo, window=window)
 
 
 def requests_over_time(reader: Reads, slo: SLO | None = None, buckets: int = 60, *,
@@ -69,7 +70,7 @@ def requests_over_time(reader: Reads, slo: SLO | None = None, buckets: int = 60,
         select * from final order by bucket
         """,
         [*params, buckets_param(buckets)],
-        slo,
+        slo, window=window,
     )
 
 
@@ -145,7 +146,7 @@ def replica_load_over_time(reader: Reads, buckets: int = 60, *,
         select * from final order by bucket, replica, source
         """,
         [*run_params, *dec_params, *inside_params, buckets_param(buckets),
-         buckets_param(buckets)],
+         buckets_param(buckets)], variables=window_variables(window),
     )
 
 
@@ -166,5 +167,5 @@ def failures_by_kind(reader: Reads, *, window: TimeWindow | None = None) -> pl.D
         )
         select * from final order by requests desc, kind
         """,
-        params,
+        params, variables=window_variables(window),
     )

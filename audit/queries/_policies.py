@@ -10,7 +10,7 @@ import polars as pl
 
 from audit._reads import Reads
 from audit._slo import SLO
-from audit.queries._common import JUDGED, OUTCOMES, REQUEST_AT, TimeWindow, in_window, query_at
+from audit.queries._common import JUDGED, OUTCOMES, REQUEST_AT, TimeWindow, in_window, query_at, window_variables
 
 Group = Literal["run_id", "policy"]
 """What the page compares: runs (a replay per policy) or the router's policies themselves."""
@@ -38,7 +38,7 @@ def run_list(reader: Reads, *, window: TimeWindow | None = None,
         from requests where {key} is not null and {where}
         group by {key} order by first_at, {key}
         """,
-        params,
+        params, variables=window_variables(window),
     )
 
 
@@ -60,7 +60,7 @@ def run_summaries(reader: Reads, run_ids: Sequence[str], slo: SLO | None = None,
         order by list_position(?, {key})
         """,
         [list(run_ids), *params, list(run_ids)],
-        slo,
+        slo, window=window,
     )
 
 
@@ -77,5 +77,5 @@ def run_failures(reader: Reads, run_ids: Sequence[str], *,
         from {JUDGED} where list_contains(?, {key}) and not is_ok and {where}
         group by all order by {key}, requests desc
         """,
-        [list(run_ids), *params],
+        [list(run_ids), *params], variables=window_variables(window),
     )

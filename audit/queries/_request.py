@@ -7,7 +7,15 @@ import polars as pl
 
 from audit._reads import Reads
 from audit._slo import SLO
-from audit.queries._common import ATTR_COLUMNS, REQUEST_AT, TimeWindow, has_relation, in_window, query_at
+from audit.queries._common import (
+    ATTR_COLUMNS,
+    REQUEST_AT,
+    TimeWindow,
+    has_relation,
+    in_window,
+    query_at,
+    window_variables,
+)
 
 
 def request_matches(reader: Reads, text: str, limit: int = 50, *,
@@ -25,7 +33,7 @@ def request_matches(reader: Reads, text: str, limit: int = 50, *,
         f"where (request_id = ? or request_key = ?) and {where} "
         "order by request_key is not distinct from ? desc, started_at desc nulls last, "
         "request_key limit ?",
-        [text, text, *params, prefer, int(limit)])
+        [text, text, *params, prefer, int(limit)], variables=window_variables(window))
 
 
 def request_detail(reader: Reads, request_key: str) -> pl.DataFrame:

@@ -18,6 +18,7 @@ from audit.queries._common import (
     has_relation,
     in_window,
     query_at,
+    window_variables,
 )
 
 
@@ -41,7 +42,7 @@ def filter_options(reader: Reads, *, window: TimeWindow | None = None) -> dict[s
         from requests
         where {where}
         """,
-        params,
+        params, variables=window_variables(window),
     )
     row = df.row(0, named=True)
     out: dict[str, Any] = {k: (row[k] or []) for k in ("replicas", "routers", "policies", "runs")}
@@ -139,7 +140,7 @@ def slow_requests(reader: Reads, slo: SLO | None = None, *,
                              policy=policy, run=run, cause=cause)
     params.append(int(limit))
     return query_at(reader, f"{ctes} {_SLOW_ROWS} order by {_SLOW_ROWS_ORDER} limit ?", params,
-                    slo, run=run)
+                    slo, run=run, window=window)
 
 
 def slow_cause_breakdown(reader: Reads, slo: SLO | None = None, *,
@@ -152,7 +153,7 @@ def slow_cause_breakdown(reader: Reads, slo: SLO | None = None, *,
     ctes, params = _slow_sql(reader, window=window, replica=replica, router=router,
                              policy=policy, run=run, cause=cause)
     return query_at(reader, f"{ctes} {_SLOW_CAUSES} order by {_SLOW_CAUSES_ORDER}", params,
-                    slo, run=run)
+                    slo, run=run, window=window)
 
 
 class SlowPage(NamedTuple):
@@ -183,7 +184,7 @@ def slow_page(reader: Reads, slo: SLO | None = None, *,
         select
             (select list(r order by {_SLOW_ROWS_ORDER}) from page_requests as r) as requests,
             (select list(c order by {_SLOW_CAUSES_ORDER}) from page_causes as c) as causes
-        """, params, slo, run=run)
+        """, params, slo, run=run, window=window)
     return SlowPage(_rows_of(both, "requests"), _rows_of(both, "causes"))
 
 

@@ -7,7 +7,16 @@ from typing import Any
 import polars as pl
 
 from audit._reads import Reads
-from audit.queries._common import TABLE_LIMIT, TimeWindow, bucket, buckets_param, has_relation, in_window, width
+from audit.queries._common import (
+    TABLE_LIMIT,
+    TimeWindow,
+    bucket,
+    buckets_param,
+    has_relation,
+    in_window,
+    width,
+    window_variables,
+)
 
 
 def _telemetry_base(window: TimeWindow | None) -> tuple[str, list[Any]]:
@@ -36,7 +45,7 @@ def telemetry_age_by_router(reader: Reads, *, window: TimeWindow | None = None) 
             max(telemetry_age_ms) as age_max
         from base group by router_id order by router_id
         """,
-        params,
+        params, variables=window_variables(window),
     )
 
 
@@ -57,7 +66,7 @@ def telemetry_age_over_time(reader: Reads, buckets: int = 60, *,
         where base.decided_at is not null
         group by all order by bucket, router_id
         """,
-        [*params, buckets_param(buckets)],
+        [*params, buckets_param(buckets)], variables=window_variables(window),
     )
 
 
@@ -76,4 +85,4 @@ def herding_episodes(reader: Reads, limit: int | None = None, *,
     return reader.query(
         "select *, count(*) over () as episodes_total from herding_episodes "
         f"where {where} order by decisions desc, started_at, episode_id limit ?",
-        [*params, TABLE_LIMIT if limit is None else int(limit)])
+        [*params, TABLE_LIMIT if limit is None else int(limit)], variables=window_variables(window))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,11 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 import pytest
+from polars.testing import assert_frame_equal
 from tiled_sample import batches, new_store, relation_rows, tiled_sample
 
 import audit
-from audit import _closed, _relations
+from audit import _closed, _incremental, _relations, queries
 from audit._store import Store
 
 COPIES = 6
@@ -235,3 +237,62 @@ def test_an_upgrade_adding_a_raw_column_reopens_closed_partitions(built: dict[st
         assert store.relations_lag_spans == 0
     finally:
         store.close()
+
+
+class _Reads:
+    """The dashboard's reads through a writer's store, as a running collector answers them."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def query(self, sql: str, params: Any = None, *, slo: Any = None,
+              variables: Any = None) -> pl.DataFrame:
+        merged = {**(slo or audit.load_slo()).variables(), **(variables or {})}
+        return pl.from_arrow(self.store.query_arrow(sql, params, variables=merged))  # type: ignore[return-value]
+
+
+def _page_queries(store: Store, window: queries.TimeWindow) -> dict[str, Any]:
+    reader = _Reads(store)
+    strict = audit.load_slo(ttft_ms=150, tpot_ms=5)  # computed live, not from the tables
+    runs = queries.run_list(reader, window=window)["run_id"].to_list()[:2]
+    return {
+        "window_counts": queries.window_counts(reader, window),
+        "overview_totals": queries.overview_totals(reader, window=window),
+        "overview_totals strict": queries.overview_totals(reader, strict, window=window),
+        "requests_over_time": queries.requests_over_time(reader, window=window),
+        "replica_load_over_time": queries.replica_load_over_time(reader, window=window),
+        "failures_by_kind": queries.failures_by_kind(reader, window=window),
+        "slow_page": queries.slow_page(reader, window=window),
+        "slow_page strict": queries.slow_page(reader, strict, window=window),
+        "cache_by_replica": queries.cache_by_replica(reader, window=window),
+        "cache_misses_over_time": queries.cache_misses_over_time(reader, window=window),
+        "telemetry_age_by_router": queries.telemetry_age_by_router(reader, window=window),
+        "herding_episodes": queries.herding_episodes(reader, window=window),
+        "run_summaries strict": queries.run_summaries(reader, runs, strict, window=window),
+    }
+
+
+def test_a_window_reads_only_the_closed_partitions_it_can_reach_and_answers_the_same(
+        built: dict[str, Any]) -> None:
+    one, inc = built["one"], built["inc"]
+    parts = _incremental.Partitioning.read(inc._con)
+    until = _closed.closed_until(inc._con)
+    newest = inc._con.execute("select max(anchor_ns) from requests").fetchall()[0][0]
+    assert until is not None and newest is not None
+    lowest = min(int(p.name[5:]) for p in (_closed.folder(inc.path) / "requests").iterdir())
+    for back_s in (200, 700):
+        start_ns = int(newest) - back_s * 10**9
+        window = queries.TimeWindow(datetime.fromtimestamp(start_ns / 1e9, UTC))
+        if back_s == 200:
+            # the bound leaves out closed partitions: the pruning is exercised, not only allowed
+            bound = (start_ns - _closed.reach_ns(parts)) // parts.partition_ns
+            assert lowest < bound < until, (lowest, bound, until)
+        got, want = _page_queries(inc, window), _page_queries(one, window)
+        for name in want:
+            a, b = want[name], got[name]
+            # sums over the same rows in another order: floats within 1e-9
+            pairs = [(a.requests, b.requests), (a.causes, b.causes)] \
+                if isinstance(a, queries.SlowPage) else [(a, b)]
+            for x, y in pairs:
+                assert x.height > 0 or name in ("failures_by_kind", "herding_episodes"), name
+                assert_frame_equal(x, y, rel_tol=1e-9, abs_tol=1e-9), (back_s, name)
