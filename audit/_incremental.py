@@ -84,6 +84,13 @@ tables are replaced rather than read through common table expressions: the range
 them (int_attr_candidates_in_flight, int_attr_idle_prefills) are planned as IEJoins only in a
 query without materialised CTEs."""
 
+TAKEN_NEW_ONLY: Final = {"int_attr_candidates_resolved": ("int_attr_decisions_resolved",)}
+"""Per-decision relations of :data:`LOOKBACK_TAKEN` that read another one: a slice builds them
+over that input's rows of its new requests only (``_context_new``). Their rows of every other
+request are the stored ones taken afterwards, so computing them would be wasted, and worse: a
+lookback decision the region holds no candidate of would look unrecorded and get reconstructed
+candidates beside its stored recorded ones."""
+
 LOOKBACK_INPUTS: Final = {"int_attr_candidates_state": ("decisions", "raw_spans")}
 """The same for inputs read by one relation: the decisions of the lookback's requests and the raw
 decision spans carrying their prefix hashes (the blocks their replicas served)."""
@@ -321,6 +328,14 @@ def _with_context(db: str, body: str, inputs: tuple[str, ...], old_set: str, pl:
     return "with " + ",\n".join(ctes) + f"\nselect * from (\n{body}\n)"
 
 
+def _new_only(body: str, inputs: tuple[str, ...]) -> str:
+    """``body`` reading, for each of ``inputs``, the slice's rows of the requests of
+    ``_context_new`` only (:data:`TAKEN_NEW_ONLY`)."""
+    ctes = [f"{name} as (select * from temp.main.{name} "
+            "where request_key in (select request_key from _context_new))" for name in inputs]
+    return "with " + ",\n".join(ctes) + f"\nselect * from (\n{body}\n)"
+
+
 def _columns(cur: duckdb.DuckDBPyConnection, qualified: str) -> list[str]:
     return [str(r[0]) for r in cur.execute(f"describe {qualified}").fetchall()]
 
@@ -482,6 +497,8 @@ def _refresh(con: duckdb.DuckDBPyConnection,
             elif stored_windows and rel.name in LOOKBACK_INPUTS:
                 body = _with_context(db, body, LOOKBACK_INPUTS[rel.name], "_context_lookback",
                                      pl, parts)
+            elif stored_windows and rel.name in TAKEN_NEW_ONLY:
+                body = _new_only(body, TAKEN_NEW_ONLY[rel.name])
             try:
                 con.execute(f"create or replace temp {kind} {rel.name} as\n{body}")
                 if stored_windows and rel.name in PART_CONTEXT:

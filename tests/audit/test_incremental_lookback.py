@@ -20,7 +20,7 @@ from relation_rows import T0, RawRows
 from tiled_sample import relation_rows
 
 import semconv
-from audit import _relations
+from audit import _incremental, _relations
 from audit._store import Store
 
 S = 10**9
@@ -200,3 +200,40 @@ def test_slices_give_the_one_shot_relations(stores: tuple[Store, Store, list[str
     assert a == b, (f"{relation}: one-shot {len(a)} rows, incremental {len(b)}\n"
                     f"only one-shot: {sorted(set(a) - set(b))[:3]}\n"
                     f"only incremental: {sorted(set(b) - set(a))[:3]}")
+
+
+def test_a_slice_reads_each_earlier_candidate_once(tmp_path: Path) -> None:
+    """The candidates of the lookback's decisions come from the store, once each: a slice whose
+    region holds none of them must not also reconstruct them (from the run's replicas) beside
+    the stored rows, which would count every earlier decision twice in what reads them
+    (herding episodes, the in-flight ordering)."""
+    early, late = scenario()
+    inc = _store(tmp_path / "inc.duckdb", incremental=True)
+    try:
+        _append(inc, early)
+        inc.refresh()
+        _append(inc, late)
+        seen: dict[str, list[tuple[Any, ...]]] = {}
+        cur = inc._con.cursor()
+
+        def on_built(step: str, _: float) -> None:
+            if step == "build int_attr_candidates_state":
+                seen["twice"] = cur.execute(
+                    "select r.request_id, c.replica, count(*) "
+                    "from temp.main.int_attr_candidates_resolved as c "
+                    "join temp.main.int_attr_decisions_resolved as r using (decision_key) "
+                    "group by all having count(*) > 1 order by all").fetchall()
+                seen["lookback"] = cur.execute(
+                    "select distinct r.request_id from temp.main.int_attr_candidates_resolved "
+                    "join temp.main.int_attr_decisions_resolved as r using (decision_key) "
+                    "where r.request_id in ('req-1', 'req-2') order by 1").fetchall()
+
+        try:
+            assert _incremental.refresh(cur, on_built=on_built) is not None
+        finally:
+            cur.close()
+        # the scenario puts earlier decisions in the slice's lookback (their candidates are read)
+        assert seen["lookback"] == [("req-1",), ("req-2",)]
+        assert seen["twice"] == []
+    finally:
+        inc.close()

@@ -66,6 +66,23 @@ true_state_aggregated as (
     select * from int_attr_candidates_in_flight
 ),
 
+own_decisions as (
+    -- the decisions of the requests this relation gives rows to; a slice also reads earlier
+    -- decisions, as context of herding episodes and of prefix history, and gives them none, so
+    -- the per-candidate work below skips them
+    select d.*
+    from decisions_resolved as d
+    semi join all_requests as r
+        on d.request_key = r.request_key
+),
+
+own_candidates as (
+    select c.*
+    from candidates_resolved as c
+    semi join own_decisions as d
+        on c.decision_key = d.decision_key
+),
+
 observed_replicas as (
     select distinct replica from timed
     union
@@ -125,7 +142,7 @@ preemptions_nearby as (
     select
         d.decision_key,
         sum(e.preemptions) as preemptions_nearby
-    from decisions_resolved as d
+    from own_decisions as d
     inner join timed as e
         on d.chosen_replica = e.replica
         and e.request_key <> d.request_key
@@ -141,8 +158,8 @@ cache_shortfalls as (
     -- placement's cache and the eviction cause both start from such a shortfall. Restricting
     -- the block lookup to them keeps it a fraction of all prefix blocks.
     select c.decision_key
-    from candidates_resolved as c
-    inner join decisions_resolved as d
+    from own_candidates as c
+    inner join own_decisions as d
         on c.decision_key = d.decision_key
     group by c.decision_key
     having max(c.predicted_cached_tokens) > coalesce(any_value(d.exec_cached_tokens), 0)
@@ -155,7 +172,7 @@ decision_blocks as (
         coalesce(d.exec_prefill_start_at, d.decided_at) as needed_at,
         len(p.prefix_hashes) as n_blocks,
         unnest(p.prefix_hashes) as block_hash
-    from decisions_resolved as d
+    from own_decisions as d
     semi join cache_shortfalls as f
         on d.decision_key = f.decision_key
     inner join decision_prefixes as p
@@ -391,7 +408,7 @@ capacity_seen as (
                     then s.true_held_tokens / c.seen_kv_usage - s.true_held_tokens
             end
         ) as cache_room
-    from candidates_resolved as c
+    from own_candidates as c
     inner join true_state_aggregated as s
         on c.decision_key = s.decision_key
         and c.replica = s.replica
@@ -564,8 +581,8 @@ candidates_with_state as (
         end as load_source,
         -- FCFS: it would start prefill once the work present at t had its first token
         greatest(coalesce(s.drain_ms, 0.0) - d.forward_delay_ms, 0.0) as wait_est_ms
-    from candidates_resolved as c
-    inner join decisions_resolved as d
+    from own_candidates as c
+    inner join own_decisions as d
         on c.decision_key = d.decision_key
     left join true_state_aggregated as s
         on c.decision_key = s.decision_key
@@ -594,7 +611,7 @@ decisions_evidenced as (
         s.prefix_last_served_at,
         s.prefix_shared_blocks,
         s.prefix_shared_frac
-    from decisions_resolved as d
+    from own_decisions as d
     left join herding_members as h
         on d.decision_key = h.decision_key
     left join preemptions_nearby as n
