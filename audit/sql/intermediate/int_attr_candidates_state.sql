@@ -201,18 +201,6 @@ replica_turnover as (
     where first_token_at is not null
 ),
 
-served_blocks as (
-    -- every prefix block a replica prefilled, stamped with the request's first token and the
-    -- replica's turnover through it
-    select
-        e.replica,
-        unnest(q.prefix_hashes) as block_hash,
-        e.first_token_at as served_at,
-        e.turnover_through as served_turnover
-    from replica_turnover as e
-    inner join decision_prefixes as q
-        on e.request_key = q.request_key
-),
 
 candidate_alternatives as (
     -- every other candidate of a final decision whose span carries prefix hashes: what that
@@ -223,8 +211,8 @@ candidate_alternatives as (
         c.replica,
         d.decided_at,
         len(p.prefix_hashes) as n_blocks
-    from candidates_resolved as c
-    inner join decisions_resolved as d
+    from own_candidates as c
+    inner join own_decisions as d
         on c.decision_key = d.decision_key
     inner join decision_prefixes as p
         on d.request_key = p.request_key
@@ -244,13 +232,40 @@ final_decision_blocks as (
         d.decision_key,
         unnest(p.prefix_hashes) as block_hash,
         unnest(range(1, len(p.prefix_hashes) + 1)) as block_pos
-    from decisions_resolved as d
+    from own_decisions as d
     inner join decision_prefixes as p
         on d.request_key = p.request_key
         and d.decision_span_id = p.decision_span_id
     semi join candidate_alternatives as a
         on d.decision_key = a.decision_key
     where d.is_final
+),
+
+looked_up_hashes as (
+    -- the blocks of the prompts whose cache is looked up below: every lookup of the history
+    -- is of one of these, so the history keeps only them (a slice reads minutes of prefix
+    -- history for seconds of new decisions)
+    select block_hash from final_decision_blocks
+    union
+    select block_hash from decision_blocks
+),
+
+served_blocks as (
+    -- every looked-up prefix block a replica prefilled, stamped with the request's first token
+    -- and the replica's turnover through it
+    select *
+    from (
+        select
+            e.replica,
+            unnest(q.prefix_hashes) as block_hash,
+            e.first_token_at as served_at,
+            e.turnover_through as served_turnover
+        from replica_turnover as e
+        inner join decision_prefixes as q
+            on e.request_key = q.request_key
+    ) as s
+    semi join looked_up_hashes as h
+        on s.block_hash = h.block_hash
 ),
 
 served_pairs as (
