@@ -49,8 +49,13 @@ time writing them (a soak store's closed partitions, every table; docs/performan
 
 WINDOW_FROM_VARIABLE: Final = "routeaudit_window_from_ns"
 """Session variable a reader of a time window sets to the window's start (Unix ns): the views
-over closed partitions then skip the files of partitions that no row of the window's requests
-can come from (:func:`install_views`). Unset, every closed partition is read."""
+over closed partitions then neither list nor read the partitions that no row of the window's
+requests can come from (:func:`install_views`). Unset (and :data:`WINDOW_TO_VARIABLE` unset),
+every closed partition is read."""
+
+WINDOW_TO_VARIABLE: Final = "routeaudit_window_to_ns"
+"""Like :data:`WINDOW_FROM_VARIABLE`, the window's end (Unix ns): the partitions after those
+its requests' rows can lie in are skipped too."""
 
 KEY_TABLES: Final = ("requests", "int_attr_decisions_resolved", "int_spans_clock_corrected",
                      "executions")
@@ -145,18 +150,51 @@ def _glob(root: Path, table: str) -> str:
     return f"{root / table}/part=*/*.parquet".replace("'", "''")
 
 
+def _parts_below(table_dir: Path, below: int) -> list[tuple[int, int]]:
+    """The partitions below ``below`` that have a folder in ``table_dir``, as runs
+    ``[first, end)`` of consecutive ones (one run for a table with rows in every partition)."""
+    parts = sorted(p for p in map(_part_of, _table_dirs(table_dir)) if p is not None and p < below)
+    runs: list[tuple[int, int]] = []
+    for p in parts:
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return runs
+
+
+def _files(root: Path, table: str, runs: list[tuple[int, int]], lo: str, hi: str) -> str:
+    """The files argument of ``read_parquet`` for ``table``'s closed partitions: with a window
+    bound (``lo`` / ``hi``, partitions, constants once the window's variables are bound), one
+    folder per partition of ``runs`` in ``[lo, hi)``, so DuckDB lists only those; without one,
+    the glob of every folder. ``runs`` lists only folders that exist (a pattern matching no
+    file is an error): when none is in the window, the newest stands in, and the view's filter
+    on ``part`` drops its rows."""
+    prefix = f"{root / table}/part=".replace("'", "''")
+    listed = ", ".join(f"[{a}, {b}]" for a, b in runs)
+    wanted = (f"flatten(list_transform([{listed}], "
+              f"lambda r: range(greatest(r[1], {lo}), least(r[2], {hi}))))")
+    some = f"case when len({wanted}) = 0 then [{runs[-1][1] - 1}] else {wanted} end"
+    return (f"case when getvariable('{WINDOW_FROM_VARIABLE}') is null "
+            f"and getvariable('{WINDOW_TO_VARIABLE}') is null then ['{_glob(root, table)}'] "
+            f"else list_transform({some}, lambda p: '{prefix}' || p || '/*.parquet') end")
+
+
 def _columns(con: duckdb.DuckDBPyConnection, qualified: str) -> list[tuple[str, str]]:
     return [(str(r[0]), str(r[1])) for r in con.execute(f"describe {qualified}").fetchall()]
 
 
-def _closed_select(root: Path, table: str, cols: list[tuple[str, str]], where: str) -> str:
+def _closed_select(root: Path, table: str, cols: list[tuple[str, str]], where: str,
+                   files: str | None = None) -> str:
     """The Parquet rows of ``table`` in the stored table's columns and types (``part`` comes
-    from the folder name: a table with a column of that name has it written there)."""
+    from the folder name: a table with a column of that name has it written there), read from
+    ``files`` (an expression, :func:`_files`; None: every folder's)."""
     # Cast where Parquet does not give the stored type back (a union with the DuckDB rows must
     # not widen a column), and only there: a cast column's filters no longer reach the scan.
     names = ", ".join(f'"{name}"' if _round_trips(typ) and name != "part"
                       else f'cast("{name}" as {typ}) as "{name}"' for name, typ in cols)
-    return (f"select {names} from read_parquet('{_glob(root, table)}', hive_partitioning = true)"
+    files = f"'{_glob(root, table)}'" if files is None else files
+    return (f"select {names} from read_parquet({files}, hive_partitioning = true)"
             f" where {where}")
 
 
@@ -173,6 +211,16 @@ def _round_trips(typ: str) -> bool:
     return typ in _ROUND_TRIP
 
 
+def window_bounds(parts: _incremental.Partitioning, until: int) -> tuple[str, str]:
+    """SQL of the first partition a reader of the window its variables name needs and of the
+    first after them (partitions), at most ``until`` (:func:`install_views`)."""
+    w, reach = parts.partition_ns, reach_ns(parts)
+    lo = f"coalesce((getvariable('{WINDOW_FROM_VARIABLE}') - {reach}) // {w}, {-(2**63)})"
+    hi = (f"least({until}, coalesce((getvariable('{WINDOW_TO_VARIABLE}') + {reach}) // {w} + 1, "
+          f"{until}))")
+    return lo, hi
+
+
 def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str]) -> int:
     """On ``con``, a temporary view of each stored table that has closed partitions, under the
     table's own name: its DuckDB rows and its Parquet rows as one. Views that read the table
@@ -184,7 +232,9 @@ def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[
     if until is None:
         return 0
     root = folder(store_path)
-    tables = [t for t in _table_dirs(root) if _has_files(root / t, until)]
+    runs = {t: r for t in _table_dirs(root)
+            if _has_files(root / t, until) and (r := _parts_below(root / t, until))}
+    tables = list(runs)
     if not tables:
         return 0
     db = con.execute("select current_database()").fetchall()[0][0]
@@ -197,19 +247,21 @@ def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[
         cols.setdefault(str(table), []).append((str(name), str(typ)))
     # A window's requests are anchored at or after its start; what their rows read (windowed
     # fits, lookbacks, executions still running) lies at most reach_ns before it, and every
-    # closed row sits in the partition of its request's anchor (or its own time). The bound is
-    # a constant once the variable is bound, so DuckDB skips the other partitions' files.
-    parts = _incremental.Partitioning.read(con)
-    lowest = -(2**63)
-    where = (f"part < {until} and part >= coalesce((getvariable('{WINDOW_FROM_VARIABLE}') "
-             f"- {reach_ns(parts)}) // {parts.partition_ns}, {lowest})")
+    # closed row sits in the partition of its request's anchor (or its own time). Symmetrically
+    # a request started by the window's end has its rows (a span starts at most max_request
+    # after it, on a clock at most the skew off) within reach_ns after it. The bounds are
+    # constants once the variables are bound, so DuckDB lists the folders of those partitions
+    # only: listing every folder costs a query tens of ms per table at thousands of partitions.
+    lo, hi = window_bounds(_incremental.Partitioning.read(con), until)
+    where = f"part >= {lo} and part < {hi}"
     statements = []
     for table, columns in cols.items():
         qualified = f'"{db}".main."{table}"'
         names = ", ".join(f'"{name}"' for name, _ in columns)
+        files = _files(root, table, runs[table], lo, hi)
         statements.append(
             f'create or replace temp view "{table}" as select {names} from {qualified} '
-            f"union all {_closed_select(root, table, columns, where)}")
+            f"union all {_closed_select(root, table, columns, where, files)}")
     if statements:
         con.execute(";\n".join(statements))
     return len(statements)
@@ -437,7 +489,14 @@ def drop_before(store_path: str | os.PathLike[str], *, raw_before_part: int | No
         for entry in _table_dirs(root / table):
             p = _part_of(entry)
             if p is not None and p < cut:
-                shutil.rmtree(root / table / entry, ignore_errors=True)
+                # out of the Hive names first, in one step: readers list a partition's folder
+                # by name (install_views) and must not find it without its files
+                doomed = root / table / f".{entry}.deleting"
+                try:
+                    os.rename(root / table / entry, doomed)
+                except OSError:
+                    continue
+                shutil.rmtree(doomed, ignore_errors=True)
                 deleted += 1
     return deleted
 

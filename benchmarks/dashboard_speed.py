@@ -60,6 +60,9 @@ def page_queries(reader: Any, slo: Any, w: Any) -> dict[str, Timed]:
     rid = str(worst["request_id"][0]) if worst.height else "none"
     key = str(worst["request_key"][0]) if worst.height else "none"
     runs = q.run_list(reader, window=w)["run_id"].to_list()[:2]
+    # the drill-down passes when the request started, from the match it lists (as the page does)
+    match = q.request_matches(reader, rid, prefer=key, window=w)
+    at = match["started_at"][0] if match.height else None
     return {
         "sidebar": [
             ("store_range", lambda: q.store_range(reader)),
@@ -84,12 +87,12 @@ def page_queries(reader: Any, slo: Any, w: Any) -> dict[str, Timed]:
         # one request, whatever the window (the request list is the window's)
         "request": [
             ("request_matches", lambda: q.request_matches(reader, rid, window=w)),
-            ("request_detail", lambda: q.request_detail(reader, key)),
-            ("request_attributions", lambda: q.request_attributions(reader, key, slo)),
-            ("request_waterfall", lambda: q.request_waterfall(reader, key)),
-            ("request_decisions", lambda: q.request_decisions(reader, key)),
-            ("request_candidates", lambda: q.request_candidates(reader, key)),
-            ("request_spans", lambda: q.request_spans(reader, key)),
+            ("request_detail", lambda: q.request_detail(reader, key, at=at)),
+            ("request_attributions", lambda: q.request_attributions(reader, key, slo, at=at)),
+            ("request_waterfall", lambda: q.request_waterfall(reader, key, at=at)),
+            ("request_decisions", lambda: q.request_decisions(reader, key, at=at)),
+            ("request_candidates", lambda: q.request_candidates(reader, key, at=at)),
+            ("request_spans", lambda: q.request_spans(reader, key, at=at)),
         ],
         "cache": [
             ("cache_by_replica", lambda: q.cache_by_replica(reader, window=w)),

@@ -122,14 +122,28 @@ def in_window(window: TimeWindow | None, column: str = REQUEST_AT) -> tuple[str,
 
 
 def window_variables(window: TimeWindow | None) -> dict[str, float | str] | None:
-    """The session variable that lets the views over closed partitions skip the partitions no
-    row of ``window``'s requests comes from (``routeaudit_window_from_ns``: the window's start;
-    docs/architecture.md, "Closed partitions"); None for a window open at its start. Pass it
-    with every query that keeps only the window's rows."""
-    if window is None or window.start is None:
+    """The session variables that let the views over closed partitions skip the partitions no
+    row of ``window``'s requests comes from (``routeaudit_window_from_ns`` and
+    ``routeaudit_window_to_ns``: the window's bounds; docs/architecture.md, "Closed
+    partitions"); None for the whole store. Pass them with every query that keeps only the
+    window's rows."""
+    if window is None:
         return None
-    since_epoch = window.start - datetime(1970, 1, 1, tzinfo=UTC)
-    return {_closed.WINDOW_FROM_VARIABLE: since_epoch // timedelta(microseconds=1) * 1000}
+    ends = ((_closed.WINDOW_FROM_VARIABLE, window.start), (_closed.WINDOW_TO_VARIABLE, window.end))
+    bounds: dict[str, float | str] = {name: _unix_ns(at) for name, at in ends if at is not None}
+    return bounds or None
+
+
+def request_variables(at: datetime | None) -> dict[str, float | str] | None:
+    """The window variables (:func:`window_variables`) of one request that started at ``at``
+    (its :data:`REQUEST_AT`): its rows, and what they read, lie in the partitions near it.
+    None (``at`` unknown): every partition is read."""
+    return None if at is None else window_variables(TimeWindow(at, at))
+
+
+def _unix_ns(at: datetime) -> int:
+    at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
 
 
 def overlaps_window(window: TimeWindow | None, start: str, end: str) -> tuple[str, list[Any]]:

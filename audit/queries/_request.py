@@ -3,6 +3,8 @@ attribution."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import polars as pl
 
 from audit._reads import Reads
@@ -14,6 +16,7 @@ from audit.queries._common import (
     has_relation,
     in_window,
     query_at,
+    request_variables,
     window_variables,
 )
 
@@ -36,13 +39,19 @@ def request_matches(reader: Reads, text: str, limit: int = 50, *,
         [text, text, *params, prefer, int(limit)], variables=window_variables(window))
 
 
-def request_detail(reader: Reads, request_key: str) -> pl.DataFrame:
+def request_detail(reader: Reads, request_key: str, *, at: datetime | None = None) -> pl.DataFrame:
     """The request's row in ``requests`` (0 or 1 row); ``request_key`` from
-    :func:`request_matches` (the other request functions take it too)."""
-    return reader.query("select * from requests where request_key = ?", [request_key])
+    :func:`request_matches` (the other request functions take it too).
+
+    ``at``: when the request started (``started_at`` of :func:`request_matches`), which every
+    request function takes: only the partitions near it are read (one request's rows among
+    thousands of closed partitions); None reads every partition."""
+    return reader.query("select * from requests where request_key = ?", [request_key],
+                        variables=request_variables(at))
 
 
-def request_waterfall(reader: Reads, request_key: str) -> pl.DataFrame:
+def request_waterfall(reader: Reads, request_key: str, *,
+                      at: datetime | None = None) -> pl.DataFrame:
     """Client, router and replica phases of one request on the reference clock.
 
     Columns: lane (client / router / replica), phase, start_ms, end_ms (ms since the earliest
@@ -90,11 +99,12 @@ def request_waterfall(reader: Reads, request_key: str) -> pl.DataFrame:
         select lane, phase, start_ms, end_ms, duration_ms, start_at from final
         order by ord, start_ms
         """,
-        [request_key, request_key, request_key],
+        [request_key, request_key, request_key], variables=request_variables(at),
     )
 
 
-def request_spans(reader: Reads, request_key: str, limit: int = 200) -> pl.DataFrame:
+def request_spans(reader: Reads, request_key: str, limit: int = 200, *,
+                  at: datetime | None = None) -> pl.DataFrame:
     """Raw spans of the request: those the audit linked to it (every trace it crossed), else
     its trace. Times are on each emitter's own clock (raw, uncorrected). Columns: name,
     component, service, kind, start_at (emitter clock), duration_ms, status_code, trace_id,
@@ -122,18 +132,21 @@ def request_spans(reader: Reads, request_key: str, limit: int = 200) -> pl.DataF
         order by s.start_ns
         limit ?
         """,
-        [request_key, int(limit)],
+        [request_key, int(limit)], variables=request_variables(at),
     )
 
 
-def request_decisions(reader: Reads, request_key: str) -> pl.DataFrame:
+def request_decisions(reader: Reads, request_key: str, *,
+                      at: datetime | None = None) -> pl.DataFrame:
     """Routing attempts of the request (``decisions`` rows), by attempt."""
     return reader.query(
-        "select * from decisions where request_key = ? order by attempt", [request_key]
+        "select * from decisions where request_key = ? order by attempt", [request_key],
+        variables=request_variables(at),
     )
 
 
-def request_candidates(reader: Reads, request_key: str) -> pl.DataFrame:
+def request_candidates(reader: Reads, request_key: str, *,
+                       at: datetime | None = None) -> pl.DataFrame:
     """Every candidate of every attempt, what the router saw beside the true state.
 
     Router's view: eligible, excluded_reason, chosen, waiting, running, kv_usage,
@@ -177,17 +190,18 @@ def request_candidates(reader: Reads, request_key: str) -> pl.DataFrame:
         select * from final
         order by attempt, chosen desc nulls last, score desc nulls last, replica
         """,
-        [request_key],
+        [request_key], variables=request_variables(at),
     )
 
 
-def request_attributions(reader: Reads, request_key: str,
-                         slo: SLO | None = None) -> pl.DataFrame:
+def request_attributions(reader: Reads, request_key: str, slo: SLO | None = None, *,
+                         at: datetime | None = None) -> pl.DataFrame:
     """The attribution rows (verdict and evidence) of one request, primary first; empty frame
     when the attribution relations are not installed."""
     if not has_relation(reader, "attributions", *ATTR_COLUMNS):
         return pl.DataFrame()
-    ids = reader.query("select request_id from requests where request_key = ?", [request_key])
+    ids = reader.query("select request_id from requests where request_key = ?", [request_key],
+                       variables=request_variables(at))
     if ids.height == 0:  # no such request: nothing to compute (live, that would be all of them)
         return pl.DataFrame()
     # Computed live (a non-default SLO), only the requests of this id are computed.
@@ -198,4 +212,5 @@ def request_attributions(reader: Reads, request_key: str,
         [request_key],
         slo,
         request=ids["request_id"][0],
+        window=None if at is None else TimeWindow(at, at),
     )

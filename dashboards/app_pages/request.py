@@ -47,6 +47,8 @@ else:
     request_key = keys[0]
 if st.query_params.get("request_key") != request_key:
     st.query_params["request_key"] = request_key
+# when it started: its queries read only the partitions near it, not the whole history
+at = matches.filter(matches["request_key"] == request_key)["started_at"][0]
 
 def _served_by(r: dict[str, object]) -> str:
     if r["served_by"] is not None:
@@ -54,7 +56,7 @@ def _served_by(r: dict[str, object]) -> str:
     return "no replica (no replica span: the request never ran, or its replica is not instrumented)"
 
 
-detail = _ui.query("request_detail", request_key)
+detail = _ui.query("request_detail", request_key, at=at)
 if _ui.empty(detail):
     st.stop()
 r = detail.row(0, named=True)
@@ -79,7 +81,7 @@ st.caption(f"policy `{r['policy']}` · router `{r['router_id']}` · run `{r['run
            f"link {r['link_method']}" + (" · ⚠ clock suspect" if r["clock_suspect"] else ""))
 
 st.subheader("Verdict")
-attributions = _ui.query("request_attributions", request_key, slo)
+attributions = _ui.query("request_attributions", request_key, slo, at=at)
 if attributions is None:
     pass
 elif attributions.height == 0:
@@ -98,7 +100,7 @@ else:
     st.dataframe(attributions, hide_index=True)
 
 st.subheader("Timeline (reference clock)")
-waterfall = _ui.query("request_waterfall", request_key)
+waterfall = _ui.query("request_waterfall", request_key, at=at)
 if _ui.empty(waterfall):
     st.info("No timed spans for this request.")
 else:
@@ -113,7 +115,7 @@ else:
     ).properties(height=max(120, 36 * waterfall.height)))
 
 st.subheader("Decision record")
-decisions = _ui.query("request_decisions", request_key)
+decisions = _ui.query("request_decisions", request_key, at=at)
 if _ui.empty(decisions):
     st.info(_ui.NO_DECISIONS)
 else:
@@ -121,7 +123,7 @@ else:
         st.markdown(f"Attempt {d['attempt']}: router `{d['router_id']}` ({d['policy']}) chose "
                     f"**{d['chosen_replica']}** because *{d['reason']}* → {d['outcome']}"
                     + ("" if d["recorded"] in (None, True) else " (reconstructed from snapshots)"))
-    candidates = _ui.query("request_candidates", request_key)
+    candidates = _ui.query("request_candidates", request_key, at=at)
     if _ui.empty(candidates):
         st.info("The decision carries no candidate records.")
     else:
@@ -145,7 +147,7 @@ cached[1].metric("Actual cached tokens", "–" if r["actual_cached_tokens"] is N
 cached[2].metric("Input tokens", "–" if r["input_tokens"] is None else f"{r['input_tokens']:,}")
 
 with st.expander("Raw spans (each emitter's own clock)"):
-    spans = _ui.query("request_spans", request_key)
+    spans = _ui.query("request_spans", request_key, at=at)
     if _ui.empty(spans):
         st.info("No raw spans carry this request id or trace.")
     else:

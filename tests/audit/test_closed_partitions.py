@@ -25,6 +25,7 @@ from tiled_sample import batches, new_store, relation_rows, tiled_sample
 import audit
 from audit import _closed, _incremental, _relations, queries
 from audit._store import Store
+from audit.queries import _common
 
 COPIES = 6
 BATCHES = 5
@@ -296,3 +297,138 @@ def test_a_window_reads_only_the_closed_partitions_it_can_reach_and_answers_the_
             for x, y in pairs:
                 assert x.height > 0 or name in ("failures_by_kind", "herding_episodes"), name
                 assert_frame_equal(x, y, rel_tol=1e-9, abs_tol=1e-9), (back_s, name)
+
+
+def _bounds(window: queries.TimeWindow, parts: _incremental.Partitioning) -> tuple[int, int]:
+    """The partitions [lo, hi) a reader of ``window`` needs (``closed_until`` aside)."""
+    variables = _common.window_variables(window) or {}
+    reach, w = _closed.reach_ns(parts), parts.partition_ns
+    lo = variables.get(_closed.WINDOW_FROM_VARIABLE)
+    hi = variables.get(_closed.WINDOW_TO_VARIABLE)
+    return (-(2**63) if lo is None else (int(lo) - reach) // w,
+            2**63 if hi is None else (int(hi) + reach) // w + 1)
+
+
+def test_a_window_lists_only_the_folders_of_the_partitions_it_reads(built: dict[str, Any]) -> None:
+    inc = built["inc"]
+    parts = _incremental.Partitioning.read(inc._con)
+    until = _closed.closed_until(inc._con)
+    newest = inc._con.execute("select max(anchor_ns) from requests").fetchall()[0][0]
+    assert until is not None and newest is not None
+    root = _closed.folder(inc.path)
+    start = datetime.fromtimestamp((int(newest) - 200 * 10**9) / 1e9, UTC)
+    con = duckdb.connect()
+    try:
+        lo_sql, hi_sql = _closed.window_bounds(parts, until)
+        for table in ("requests", "raw_spans", "executions"):
+            existing = sorted(int(p.name[5:]) for p in (root / table).glob("part=*"))
+            runs = _closed._parts_below(root / table, until)
+            files = _closed._files(root, table, runs, lo_sql, hi_sql)
+            for window, want in (
+                    (queries.TimeWindow(start),
+                     [p for p in existing if _bounds(queries.TimeWindow(start), parts)[0] <= p
+                      < until]),
+                    # nothing of the window closed: the newest folder stands in (its rows are
+                    # filtered out), as read_parquet needs a file
+                    (queries.TimeWindow(datetime.fromtimestamp(
+                        (until * parts.partition_ns + _closed.reach_ns(parts)) / 1e9, UTC)),
+                     [max(p for p in existing if p < until)])):
+                for name in (_closed.WINDOW_FROM_VARIABLE, _closed.WINDOW_TO_VARIABLE):
+                    con.execute(f"reset variable {name}")
+                for name, value in (_common.window_variables(window) or {}).items():
+                    con.execute(f"set variable {name} = {int(value)}")
+                listed = con.execute(f"select {files}").fetchall()[0][0]
+                assert listed == [f"{root / table}/part={p}/*.parquet" for p in want], table
+            # the window leaves closed partitions out: the pruning is exercised
+            assert min(existing) < _bounds(queries.TimeWindow(start), parts)[0], table
+            for name in (_closed.WINDOW_FROM_VARIABLE, _closed.WINDOW_TO_VARIABLE):
+                con.execute(f"reset variable {name}")
+            assert con.execute(f"select {files}").fetchall()[0][0] == [
+                f"{root / table}/part=*/*.parquet"]
+    finally:
+        con.close()
+
+
+def test_a_window_closed_at_both_ends_answers_the_same(built: dict[str, Any]) -> None:
+    """A window inside the closed partitions (both variables set) against the one-shot store.
+    The fixture's closed partitions span less than the reach, so this pins the answers; the
+    listing test above pins what is skipped."""
+    one, inc = built["one"], built["inc"]
+    parts = _incremental.Partitioning.read(inc._con)
+    until = _closed.closed_until(inc._con)
+    assert until is not None
+    end_ns = (until - 3) * parts.partition_ns
+    window = queries.TimeWindow(datetime.fromtimestamp((end_ns - 240 * 10**9) / 1e9, UTC),
+                                datetime.fromtimestamp(end_ns / 1e9, UTC))
+    got, want = _page_queries(inc, window), _page_queries(one, window)
+    for name in want:
+        a, b = want[name], got[name]
+        pairs = [(a.requests, b.requests), (a.causes, b.causes)] \
+            if isinstance(a, queries.SlowPage) else [(a, b)]
+        for x, y in pairs:
+            assert x.height > 0 or name in ("failures_by_kind", "herding_episodes"), name
+            assert_frame_equal(x, y, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def _sorted(df: pl.DataFrame) -> pl.DataFrame:
+    """Rows in one order (the functions' own orders leave ties)."""
+    keys = [c for c, t in df.schema.items() if not t.is_nested()]
+    return df.sort(keys, nulls_last=True) if keys and df.height else df
+
+
+def _drilled_requests(inc: Store, until: int, w: int,
+                      skip: int) -> dict[str, tuple[str, datetime]]:
+    """Requests the drill-down is checked on: in closed partitions the oldest, one whose spans
+    run into the next partition, closed too (a raw span's start, else its execution's end), the one
+    started nearest a partition's start and the late one (re-opened, closed again); and the
+    first of an open partition after ``skip``, whose reach leaves closed partitions out."""
+    reader = _Reads(inc)
+    picks = {
+        "oldest": "select request_key, first_seen_at from requests "
+                  "order by first_seen_at, request_key limit 1",
+        "straddling": f"""
+            select r.request_key, r.first_seen_at from requests as r
+            join int_spans_clock_corrected as s using (request_key)
+            join executions as e using (request_key)
+            where r.part < {until} - 1
+                and (s.start_ns // {w} > r.part or epoch_ns(e.end_at) // {w} > r.part)
+            order by s.start_ns // {w} > r.part desc, r.first_seen_at desc, r.request_key
+            limit 1""",
+        "at a partition's start": f"""
+            select request_key, first_seen_at from requests where part < {until}
+            order by epoch_ns(first_seen_at) % {w}, request_key limit 1""",
+        "late": "select request_key, first_seen_at from requests "
+                "where request_id like '%-late' limit 1",
+        "open": f"select request_key, first_seen_at from requests where part > {skip} "
+                "order by first_seen_at, request_key limit 1",
+    }
+    out = {}
+    for name, sql in picks.items():
+        rows = reader.query(sql)
+        assert rows.height == 1, name
+        out[name] = (str(rows["request_key"][0]), rows["first_seen_at"][0])
+    return out
+
+
+def test_the_drill_down_reads_near_its_request_and_answers_the_same(
+        built: dict[str, Any]) -> None:
+    one, inc = built["one"], built["inc"]
+    parts = _incremental.Partitioning.read(inc._con)
+    until = _closed.closed_until(inc._con)
+    assert until is not None
+    lowest = min(int(p.name[5:]) for p in (_closed.folder(inc.path) / "requests").iterdir())
+    strict = audit.load_slo(ttft_ms=150, tpot_ms=5)
+    skip = lowest + _closed.reach_ns(parts) // parts.partition_ns + 1
+    drilled = _drilled_requests(inc, until, parts.partition_ns, skip)
+    open_at = drilled["open"][1]
+    assert lowest < _bounds(queries.TimeWindow(open_at, open_at), parts)[0] < until
+    for name, (key, at) in drilled.items():
+        want_reader, got_reader = _Reads(one), _Reads(inc)
+        for fn, args in ((queries.request_detail, ()), (queries.request_waterfall, ()),
+                         (queries.request_spans, ()), (queries.request_decisions, ()),
+                         (queries.request_candidates, ()), (queries.request_attributions, ()),
+                         (queries.request_attributions, (strict,))):
+            want = fn(want_reader, key, *args)  # type: ignore[operator]
+            got = fn(got_reader, key, *args, at=at)  # type: ignore[operator]
+            assert want.height > 0 or fn is queries.request_attributions, (name, fn.__name__)
+            assert_frame_equal(_sorted(want), _sorted(got), rel_tol=1e-9, abs_tol=1e-9)
