@@ -21,6 +21,7 @@ Work on a copy of a store you want to keep: the tiles cannot be told from real p
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,8 +50,8 @@ def _is_instant_ns(name: str, typ: str) -> bool:
             and not any(n in name for n in NOT_INSTANTS))
 
 
-def tiled_select(columns: list[tuple[str, str]], glob: str, lo: int, hi: int, width_ns: int,
-                 k: int) -> tuple[str, dict[str, str]]:
+def tiled_select(columns: list[tuple[str, str]], glob: str | list[str], lo: int, hi: int,
+                 width_ns: int, k: int) -> tuple[str, dict[str, str]]:
     """The rows of copy ``k`` of partitions [lo, hi) and how each column was changed."""
     shift_ns = k * (hi - lo) * width_ns
     exprs: list[str] = []
@@ -74,7 +75,8 @@ def tiled_select(columns: list[tuple[str, str]], glob: str, lo: int, hi: int, wi
         else:
             exprs.append(q)
     exprs.append(f"part - {k * (hi - lo)} as part")
-    sql = (f"select {', '.join(exprs)} from read_parquet('{glob}', hive_partitioning = true) "
+    files = repr(glob) if isinstance(glob, list) else f"'{glob}'"
+    sql = (f"select {', '.join(exprs)} from read_parquet({files}, hive_partitioning = true) "
            f"where part >= {lo} and part < {hi}")
     return sql, changed
 
@@ -83,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True, help="a store with closed partitions (no collector on it)")
     ap.add_argument("--copies", type=int, required=True, help="copies of the closed partitions laid before them")
+    ap.add_argument("--link-after", type=int, metavar="K", default=None,
+                    help="copies after the K-th are hard links to the original partitions' files "
+                         "(rows neither shifted nor renamed): the partition count of --copies in "
+                         "seconds, for timing reads that should skip them; their answers count "
+                         "the original rows again")
     ap.add_argument("--dry-run", action="store_true", help="print what each table's copy changes, write nothing")
     args = ap.parse_args(argv)
     if args.copies < 1:
@@ -115,13 +122,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             continue
         t = time.perf_counter()
-        for k in range(1, args.copies + 1):
-            sql, _ = tiled_select(columns, glob, lo, hi, width_ns, k)
+        # the original partitions' files only: a glob would list every copy made so far
+        originals = sorted(str(f) for p in range(lo, hi)
+                           for f in (root / table / f"part={p}").glob("*.parquet"))
+        shifted = args.copies if args.link_after is None else min(args.copies, args.link_after)
+        for k in range(1, shifted + 1):
+            sql, _ = tiled_select(columns, originals, lo, hi, width_ns, k)
             # one statement per copy: each partition gets one file, as a close writes it
             work.execute(f"copy ({sql}) to '{root / table}' (format parquet, compression "
                          f"{_closed.COMPRESSION}, compression_level {_closed.COMPRESSION_LEVEL}, "
                          "partition_by (part), overwrite_or_ignore, "
                          "filename_pattern 'data_{i}')")
+        for k in range(shifted + 1, args.copies + 1):
+            for f in map(Path, originals):
+                target = root / table / f"part={int(f.parent.name[5:]) - k * (hi - lo)}"
+                target.mkdir(exist_ok=True)
+                os.link(f, target / f.name)
         total_rows += rows * args.copies
         print(f"  {args.copies} copies in {time.perf_counter() - t:.1f} s", flush=True)
     print(f"wrote {total_rows:,} rows in {time.perf_counter() - started:.1f} s")
