@@ -168,6 +168,9 @@ class Store:
         the file (after the last refresh; None: none is)."""
         self.last_close_error: str | None = None
         """Why the last move of partitions to Parquet failed (one line); None once one works."""
+        self.last_close_s: float | None = None
+        """Seconds the last move of partitions to Parquet took, part of its refresh's
+        :attr:`last_refresh_s` (None: none has moved any yet)."""
         self._refresh_failures = 0
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
@@ -312,9 +315,11 @@ class Store:
                     self._spans_in_relations = spans
                 if closes:
                     try:
+                        close_started = time.perf_counter()
                         moved = _closed.close(cur, self.path, self.final_until_ns)
                         self._count_moved(-moved.spans)
                         if moved.partitions:
+                            self.last_close_s = time.perf_counter() - close_started
                             self._partitions_moved()
                         self.last_close_error = None
                     except (duckdb.Error, OSError) as exc:

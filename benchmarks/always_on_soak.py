@@ -226,6 +226,7 @@ class Sample:
     age_s: float | None
     behind_ms: float
     closed_until_ns: int | None
+    last_close_ms: float | None
     query_ms: float
     load1: float
 
@@ -319,7 +320,8 @@ def soak(args: argparse.Namespace) -> int:
                 last_refresh_ms=h.get("last_refresh_ms"),
                 lag_s=(None if judged is None or newest is None else max(0.0, (newest - judged) / 1e9)),
                 age_s=None if judged is None else (now_ns - judged) / 1e9, behind_ms=behind,
-                closed_until_ns=h.get("closed_until_ns"), query_ms=query_ms,
+                closed_until_ns=h.get("closed_until_ns"), last_close_ms=h.get("last_close_ms"),
+                query_ms=query_ms,
                 load1=os.getloadavg()[0])
             lag = "-" if out.lag_s is None else f"{out.lag_s:.1f}"
             age = "-" if out.age_s is None else f"{out.age_s:.1f}"
@@ -423,6 +425,11 @@ def summarise(args: argparse.Namespace, samples: list[Sample], requests: int, ha
         f"yes, first seen at {closed[0].t_s:.0f} s; at the end rows anchored before "
         f"{(time.time_ns() - closed[-1].closed_until_ns) / 6e10:.1f} min ago are closed"  # type: ignore[operator]
         if closed else "no"))
+    moves = sorted({s.last_close_ms for s in samples if s.last_close_ms is not None})
+    if moves:
+        # distinct values of /health's last_close_ms: the moves the samples saw, not every one
+        print(f"  moves to Parquet seen: {len(moves)}, median {_pct(moves, 0.5) / 1e3:.2f} s, "
+              f"longest {moves[-1] / 1e3:.2f} s (each inside its refresh's duration)")
 
 
 def main() -> None:

@@ -400,6 +400,10 @@ class Collector:
             # rows anchored before this are in closed partitions, Parquet beside the store
             "closed_until_ns": self._store.closed_until_ns if self._store is not None else None,
             "close_error": self._store.last_close_error if self._store is not None else None,
+            # how long the last move to Parquet took (its refresh's last_refresh_ms includes it)
+            "last_close_ms": (round(self._store.last_close_s * 1000, 1)
+                              if self._store is not None and self._store.last_close_s is not None
+                              else None),
             "counters": self.metrics.snapshot(),
         }
 

@@ -26,12 +26,19 @@ def test_a_store_with_closed_partitions_keeps_refreshing_by_slices(
     store = new_store(tmp_path / "s.duckdb", incremental=None)
     try:
         kinds = []
+        closes: list[tuple[float, float]] = []  # (close, its refresh) when partitions moved
         for batch in parts[:-1]:
             store.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
+            before = _closed.closed_until(store._con)
             store.refresh()
             kinds.append(store.last_refresh_kind)
+            if _closed.closed_until(store._con) != before:
+                assert store.last_close_s is not None
+                closes.append((store.last_close_s, store.last_refresh_s))
         assert set(kinds) <= {"slice", "none"}, kinds
         assert _closed.closed_until(store._con) is not None, "partitions closed"
+        # how long each move took is told, as part of its refresh
+        assert closes and all(0 < c <= r for c, r in closes), closes
         # the store has grown past the threshold, but its DuckDB tables now hold fewer spans
         # than it: only the closed partitions' files have the rest
         last = parts[-1]
