@@ -263,7 +263,23 @@ def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[
             f'create or replace temp view "{table}" as select {names} from {qualified} '
             f"union all {_closed_select(root, table, columns, where, files)}")
     if statements:
-        con.execute(";\n".join(statements))
+        # Creating a view binds its query, and without a window that lists every folder of
+        # every table: seconds at thousands of partitions, paid per query where a reader
+        # opens the file per query. Bound to a window after every partition instead, each
+        # view's query lists the one stand-in folder (_files); a query binds it again under its
+        # own variables, which are put back as they were.
+        bound = {name: con.execute("select getvariable(?)", [name]).fetchall()[0][0]
+                 for name in (WINDOW_FROM_VARIABLE, WINDOW_TO_VARIABLE)}
+        con.execute(f"set variable {WINDOW_FROM_VARIABLE} = ?", [2**62])
+        con.execute(f"reset variable {WINDOW_TO_VARIABLE}")
+        try:
+            con.execute(";\n".join(statements))
+        finally:
+            for name, value in bound.items():
+                if value is None:
+                    con.execute(f"reset variable {name}")
+                else:
+                    con.execute(f"set variable {name} = ?", [value])
     return len(statements)
 
 

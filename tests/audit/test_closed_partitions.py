@@ -432,3 +432,26 @@ def test_the_drill_down_reads_near_its_request_and_answers_the_same(
             got = fn(got_reader, key, *args, at=at)  # type: ignore[operator]
             assert want.height > 0 or fn is queries.request_attributions, (name, fn.__name__)
             assert_frame_equal(_sorted(want), _sorted(got), rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_making_the_views_leaves_the_window_variables_as_they_were(
+        built: dict[str, Any], tmp_path: Path) -> None:
+    """The views are bound to a window of their own while they are made (a window of none
+    would list every folder); a caller's window must come out of it unchanged."""
+    path = _copy_store(built["inc"], tmp_path / "copy.duckdb")
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        every = con.execute("select count(*) from main.requests").fetchall()[0][0]
+        con.execute(f"set variable {_closed.WINDOW_FROM_VARIABLE} = ?", [12345])
+        assert _closed.install_views(con, path) > 0
+        assert con.execute(f"select getvariable('{_closed.WINDOW_FROM_VARIABLE}'), "
+                           f"getvariable('{_closed.WINDOW_TO_VARIABLE}')").fetchall() == [(12345, None)]
+        con.execute(f"reset variable {_closed.WINDOW_FROM_VARIABLE}")
+        # no window: every partition, the closed ones too
+        assert con.execute("select count(*) from requests").fetchall()[0][0] > every
+        con.execute(f"set variable {_closed.WINDOW_TO_VARIABLE} = ?", [12345])
+        assert _closed.install_views(con, path) > 0
+        assert con.execute(f"select getvariable('{_closed.WINDOW_FROM_VARIABLE}'), "
+                           f"getvariable('{_closed.WINDOW_TO_VARIABLE}')").fetchall() == [(None, 12345)]
+    finally:
+        con.close()
