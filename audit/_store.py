@@ -352,10 +352,10 @@ class Store:
 
     def _cache_once_large(self) -> None:
         """Materialise the relations at the defaults (``_relations.add_cached``) once a store
-        refreshed by slices reaches :data:`~audit._relations.CACHE_MIN_SPANS`: it was small at
-        its last full rebuild, and slices only maintain the tables that exist, so the dashboard
-        would otherwise compute every verdict live, over the whole history for per-run figures."""
-        if self._spans_stored < _relations.CACHE_MIN_SPANS and self.closed_until_ns is None:
+        refreshed by slices reaches :data:`SLICED_CACHE_MIN_SPANS`: it was small at its last
+        full rebuild, and slices only maintain the tables that exist, so the dashboard would
+        otherwise compute every verdict live, over the whole history for per-run figures."""
+        if self._spans_stored < SLICED_CACHE_MIN_SPANS and self.closed_until_ns is None:
             return
         cur = self._con.cursor()
         try:
@@ -726,6 +726,13 @@ INCREMENTAL_MIN_SPANS: Final = 20_000
 """Stores with at least this many spans refresh by slices of event time (audit/_incremental.py)
 unless the store says otherwise; below it (about 4,000 requests) a full rebuild takes about a
 second, and from it on a slice costs less than a full rebuild."""
+
+SLICED_CACHE_MIN_SPANS: Final = 20_000
+"""A store refreshed by slices gets the relations at the defaults as tables from this many spans
+on (a full rebuild only from :data:`~audit._relations.CACHE_MIN_SPANS`). Slices keep them at a
+cost per slice that does not depend on when they were made, while making them costs what the
+store holds: about 3 s at 100,000 spans (the soak's store), a pause in the middle of the traffic
+that a collector's verdicts lag by, and a fifth of that at the switch to slices."""
 
 CHECKPOINT_THRESHOLD: Final = "1GB"
 """WAL size that makes DuckDB checkpoint (its default is 16 MB). A checkpoint rewrites the

@@ -60,14 +60,14 @@ def test_a_store_refreshed_by_slices_gets_the_tables_at_the_defaults_once_large(
     raw = tiled_sample(2)
     parts = batches(raw, seed=5, batches=4)
     monkeypatch.setattr(_store, "INCREMENTAL_MIN_SPANS", 1)
-    monkeypatch.setattr(_relations, "CACHE_MIN_SPANS", 10**9)
+    monkeypatch.setattr(_store, "SLICED_CACHE_MIN_SPANS", 10**9)
     store = new_store(tmp_path / "s.duckdb", incremental=None)
     one = new_store(tmp_path / "one.duckdb", incremental=False)
     try:
         cached, kinds = [], []
         for i, batch in enumerate(parts):
             if i == 2:  # this batch takes the store past the size the tables are kept from
-                monkeypatch.setattr(_relations, "CACHE_MIN_SPANS", store._spans_stored + 1)
+                monkeypatch.setattr(_store, "SLICED_CACHE_MIN_SPANS", store._spans_stored + 1)
             store.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
             store.refresh()
             kinds.append(store.last_refresh_kind)
@@ -76,6 +76,7 @@ def test_a_store_refreshed_by_slices_gets_the_tables_at_the_defaults_once_large(
         assert cached == [False, False] + [True] * (len(parts) - 2)
         one.append(spans=raw["raw_spans"], events=raw["raw_span_events"],
                    snapshots=raw["raw_snapshots"])
+        monkeypatch.setattr(_relations, "CACHE_MIN_SPANS", 0)  # the one-shot build caches too
         one.refresh()
         assert _relations.has_cached(one._con)
         # made once over what was stored, then kept by the last slice: as a one-shot build's
