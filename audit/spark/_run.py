@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 from audit import _relations
 from audit._errors import StoreError
 from audit.schema import RAW_TABLES
-from audit.spark._translate import Translation, translate
+from audit.spark._translate import Stage, Translation, translate
 
 if TYPE_CHECKING:
     import duckdb
@@ -153,9 +153,14 @@ MAX_LEVELS: Final = 10_000
 
 
 def _evaluate(spark: SparkSession, translation: Translation) -> DataFrame:
-    """The relation's query, after its recursive CTEs are evaluated level by level (one Spark
-    job per level, each level a set of rows)."""
-    for rec in translation.recursions:
+    """The relation's query, after its steps: each shared CTE built once and kept as a view,
+    each recursive CTE evaluated level by level (one Spark job per level, each level a set of
+    rows)."""
+    for step in translation.steps:
+        if isinstance(step, Stage):
+            _materialise(spark.sql(step.sql)).createOrReplaceTempView(step.view)
+            continue
+        rec = step
         level = _materialise(spark.sql(rec.anchor))
         levels = [level]
         while True:

@@ -394,19 +394,78 @@ _FLIP: Final[dict[type[exp.Expr], type[exp.Expr]]] = {exp.GT: exp.LT, exp.GTE: e
                                                   exp.LT: exp.GT, exp.LTE: exp.GTE}
 
 
+RANGE_BUCKET_US: int = 10_000_000
+"""The width, in microseconds, of the time buckets a folded range join is keyed by."""
+
+
+def _micro_folded_names(tree: exp.Expr) -> set[str]:
+    """The folded keys whose instant is ``epoch_us(...)``: microseconds, bucketable by
+    :data:`RANGE_BUCKET_US`."""
+    found = set()
+    for a in tree.find_all(exp.Alias):
+        parts = _folded_key_parts(a.this)
+        instant = parts[1] if parts is not None else (
+            a.this.expressions[3] if _is_folded_pair(a.this) else None)
+        if isinstance(instant, exp.Anonymous) and instant.name.lower() == "epoch_us":
+            found.add(a.alias)
+    return found
+
+
+def _range_bucketed(join: exp.Join, interval: str, low: str, high: str, point: exp.Column,
+                    micro: set[str]) -> bool:
+    """Key the join by time bucket as well (see :func:`_folded_range_joins`); whether it did."""
+    select = join.parent
+    target = join.this
+    side = (join.args.get("side") or "").upper()
+    if not isinstance(select, exp.Select) or target.alias_or_name != interval \
+            or side not in ("", "LEFT") or not {low, high, point.name} <= micro:
+        return False
+    for star in (n for p in select.expressions for n in p.find_all(exp.Star)):
+        column = star.parent if isinstance(star.parent, exp.Column) else None
+        if column is None or not column.table or column.table == interval:
+            return False  # the bucket column would be one column too many in a ``*``
+    if any(isinstance(p, exp.Column) and not p.table and p.name == interval
+           for p in select.expressions):
+        return False  # the row as a struct (``row_as_struct``) would take it too
+    source = target.copy()
+    source.set("alias", exp.TableAlias(this=exp.to_identifier("__range_src")))
+    w = RANGE_BUCKET_US
+    bucketed = sqlglot.parse_one(
+        f"select __range_src.*, explode(sequence(__range_src.{low}.lo div {w}, "
+        f"__range_src.{high}.lo div {w})) as __range_bucket from __range_placeholder",
+        read="spark")
+    bucketed.args["from_"].this.replace(source)
+    target.replace(exp.Subquery(this=bucketed, alias=exp.TableAlias(
+        this=exp.to_identifier(interval))))
+    same = sqlglot.parse_one(
+        f"{interval}.__range_bucket = {point.table}.{point.name}.lo div {w}", read="spark")
+    join.set("on", exp.And(this=same, expression=join.args["on"].copy()))
+    return True
+
+
 def _folded_range_joins(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     """A join whose condition bounds one side's folded key by the other's in both directions
     (``a.start_key <= b.at_key and a.end_key > b.at_key``): with each row's keys in one group,
     that already implies the two rows' groups are equal. Spark: that implied equality
     (``a.start_key.hi = b.at_key.hi``) is added to the condition, so Spark plans a join on the
-    group filtered by the range, as DuckDB's IEJoin is, instead of comparing every pair."""
+    group filtered by the range, as DuckDB's IEJoin is, instead of comparing every pair.
+
+    A group alone is a replica: every execution of a replica against every instant on it, a
+    number of pairs growing with the square of the run's length. Where the keys' instants are
+    microseconds (``epoch_us``), the interval side (the joined table, not the preserved side of
+    an outer join) is also spread over the time buckets of :data:`RANGE_BUCKET_US` it overlaps
+    (``explode(sequence(start div w, end div w))``) and the join keyed by the point's bucket: a
+    pair within the range shares exactly one bucket (the point's), so each pair is found once
+    and the rows are the same. Not where a ``*`` of the select could take the bucket column."""
     names = _folded_key_names(tree)
-    for join in tree.find_all(exp.Join):
+    micro = _micro_folded_names(tree)
+    for join in list(tree.find_all(exp.Join)):
         on = join.args.get("on")
         if on is None or not names:
             continue
         directions: dict[tuple[str, str], set[str]] = {}
         columns: dict[tuple[str, str], tuple[exp.Column, exp.Column]] = {}
+        below: dict[tuple[str, str], list[tuple[exp.Column, exp.Column]]] = {}
         for c in _conjuncts(on):
             if type(c) not in _FLIP:
                 continue
@@ -415,6 +474,8 @@ def _folded_range_joins(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr
                     and b.table and a.table != b.table and a.name in names and b.name in names):
                 continue
             kind = type(c)
+            below.setdefault((min(a.table, b.table), max(a.table, b.table)), []).append(
+                (a, b) if kind in (exp.LT, exp.LTE) else (b, a))
             if a.table > b.table:
                 a, b, kind = b, a, _FLIP[kind]
             pair = (a.table, b.table)
@@ -422,12 +483,24 @@ def _folded_range_joins(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr
                 "up" if kind in (exp.LT, exp.LTE) else "down")
             columns.setdefault(pair, (a, b))
         for pair, seen in directions.items():
-            if seen == {"up", "down"}:
-                a, b = columns[pair]
-                same = sqlglot.parse_one(f"{a.table}.{a.name}.hi = {b.table}.{b.name}.hi",
-                                         read="spark")
-                join.set("on", exp.And(this=same, expression=on.copy()))
-                on = join.args["on"]
+            if seen != {"up", "down"}:
+                continue
+            a, b = columns[pair]
+            same = sqlglot.parse_one(f"{a.table}.{a.name}.hi = {b.table}.{b.name}.hi",
+                                     read="spark")
+            join.set("on", exp.And(this=same, expression=on.copy()))
+            on = join.args["on"]
+            # the interval: the table one of whose keys is below the other's and one above
+            for interval in pair:
+                lows = {lo.name for lo, hi in below[pair] if lo.table == interval}
+                highs = {hi.name for lo, hi in below[pair] if hi.table == interval}
+                points = [hi for lo, hi in below[pair] if lo.table == interval]
+                if len(lows) == 1 and len(highs) == 1 and lows != highs and len(
+                        {p.name for p in points}) == 1:
+                    if _range_bucketed(join, interval, lows.pop(), highs.pop(), points[0],
+                                       micro):
+                        on = join.args["on"]
+                    break
     return tree
 
 
@@ -727,63 +800,119 @@ class Recursion:
 
 
 @dataclass(frozen=True)
-class Translation:
-    """A relation in Spark SQL: its recursions to evaluate first, then its query."""
+class Stage:
+    """A CTE the relation reads more than once (the ``shared_ctes`` step): the runner builds
+    ``sql`` and keeps its rows as the view ``view`` before the relation's query, which reads
+    that view where it named the CTE. Spark inlines a CTE at each reference, so a CTE read by
+    several others was planned and computed once per path to it (a relation of about thirty
+    CTEs became a plan of hundreds of shuffles, most of its time spent planning); DuckDB
+    computes such a CTE once. A CTE written ``as not materialized`` stays inline."""
 
-    recursions: tuple[Recursion, ...]
+    view: str
     sql: str
+
+
+@dataclass(frozen=True)
+class Translation:
+    """A relation in Spark SQL: its steps (recursions, shared CTEs) to evaluate first, in
+    order, then its query."""
+
+    steps: tuple[Recursion | Stage, ...]
+    sql: str
+
+    @property
+    def recursions(self) -> tuple[Recursion, ...]:
+        return tuple(s for s in self.steps if isinstance(s, Recursion))
 
 
 def _spark(tree: exp.Expr) -> str:
     return tree.sql(dialect="spark", unsupported_level=sqlglot.ErrorLevel.RAISE)
 
 
-def _recursive_cte_levels(tree: exp.Expr, name: str) -> tuple[exp.Expr,
-                                                                      list[Recursion]]:
+def _with_ctes(query: exp.Expr, ctes: list[exp.CTE]) -> exp.Expr:
+    """``query`` preceded by copies of ``ctes`` (before any CTE of its own)."""
+    if not ctes:
+        return query
+    own = query.args.get("with_")
+    listed = [c.copy() for c in ctes] + (list(own.expressions) if isinstance(own, exp.With) else [])
+    query.set("with_", exp.With(expressions=listed))
+    return query
+
+
+def _scan_only(query: exp.Expr) -> bool:
+    """Whether ``query`` only filters and projects one table's rows: read again at each
+    reference for less than a job of its own costs."""
+    from_ = query.args.get("from_") if isinstance(query, exp.Select) else None
+    return isinstance(from_, exp.From) and isinstance(from_.this, exp.Table) \
+        and not any(query.args.get(k) for k in ("joins", "group", "distinct", "with_", "qualify")) \
+        and not any(isinstance(n, exp.Window | exp.AggFunc | exp.Subquery | exp.Explode
+                                | exp.Unnest) for n in query.find_all(exp.Expr))
+
+
+def _cte_steps(tree: exp.Expr, name: str, inline: frozenset[str]) -> tuple[exp.Expr,
+                                                                           list[Recursion | Stage]]:
+    """The top-level CTEs evaluated as steps of their own: each recursive one level by level
+    (``recursive_cte_levels``), and each non-recursive one referenced more than once, unless
+    in ``inline``, built once (``shared_ctes``). The other CTEs stay in the query, and are
+    prefixed to each step that may read them."""
     with_ = tree.args.get("with_")
-    if not isinstance(with_, exp.With) or not with_.args.get("recursive"):
+    if not isinstance(with_, exp.With):
         return tree, []
-    found: list[Recursion] = []
+    steps: list[Recursion | Stage] = []
+    kept: list[exp.CTE] = []
     ctes = list(with_.expressions)
     for i, cte in enumerate(ctes):
         body = cte.this
         own = cte.alias_or_name
-        if not isinstance(body, exp.Union) or not any(
-                t.name == own and not t.db for t in body.expression.find_all(exp.Table)):
-            continue
-        if body.args.get("distinct"):
-            raise ValueError(f"{name}: recursive CTE {own} is a union, not a union all")
         view = f"__{name}__{own}"
-        earlier = [c.copy() for c in ctes[:i]]
-        anchor = body.this.copy()
-        step = body.expression.copy()
-        for table in list(step.find_all(exp.Table)):
-            if table.name == own and not table.db:
-                alias = table.alias or own
-                table.replace(exp.to_table(f"{view}_prev").as_(alias))
-        for part in (anchor, step):
-            if earlier:
-                part.set("with_", exp.With(expressions=[c.copy() for c in earlier]))
-        found.append(Recursion(view, _spark(anchor), _spark(step)))
-        cte.set("this", sqlglot.parse_one(f"select * from {view}_all", read="duckdb"))
-    with_.set("recursive", None)
-    return tree, found
+        if with_.args.get("recursive") and isinstance(body, exp.Union) and any(
+                t.name == own and not t.db for t in body.expression.find_all(exp.Table)):
+            if body.args.get("distinct"):
+                raise ValueError(f"{name}: recursive CTE {own} is a union, not a union all")
+            anchor = _with_ctes(body.this.copy(), kept)
+            step = body.expression.copy()
+            for table in list(step.find_all(exp.Table)):
+                if table.name == own and not table.db:
+                    table.replace(exp.to_table(f"{view}_prev").as_(table.alias or own))
+            step = _with_ctes(step, kept)
+            steps.append(Recursion(view, _spark(anchor), _spark(step)))
+            cte.set("this", sqlglot.parse_one(f"select * from {view}_all", read="duckdb"))
+            kept.append(cte)
+            continue
+        inside = {id(t) for c in ctes[:i + 1] for t in c.this.find_all(exp.Table)}
+        readers = [t for t in tree.find_all(exp.Table)
+                   if t.name == own and not t.db and id(t) not in inside]
+        if len(readers) < 2 or own in inline or _scan_only(body):
+            kept.append(cte)
+            continue
+        steps.append(Stage(view, _spark(_with_ctes(body.copy(), kept))))
+        for table in readers:
+            table.replace(exp.to_table(view).as_(table.alias or own))
+    if kept:
+        with_.set("expressions", kept)
+        with_.set("recursive", None)
+    else:
+        tree.set("with_", None)
+    return tree, steps
 
 
 def translate(sql: str, name: str = "relation",
-              settings: Mapping[str, str] | None = None) -> Translation:
+              settings: Mapping[str, str] | None = None, *, stages: bool = True) -> Translation:
     """One relation's ``select`` in Spark SQL (``name``: the relation's, for the names of the
-    views its recursions use)."""
+    views its steps use; ``stages=False``: shared CTEs stay inline, one query)."""
     tree = sqlglot.parse_one(sql.strip().rstrip(";"), read="duckdb")
+    with_ = tree.args.get("with_")
+    inline = frozenset(c.alias_or_name for c in (with_.expressions if with_ else [])
+                       if c.args.get("materialized") is False or not stages)
     for rewrite in REWRITES.values():
         tree = rewrite(tree, settings or {})
-    tree, recursions = _recursive_cte_levels(tree, name)
-    return Translation(tuple(recursions), _spark(tree))
+    tree, steps = _cte_steps(tree, name, inline)
+    return Translation(tuple(steps), _spark(tree))
 
 
 def to_spark(sql: str, settings: Mapping[str, str] | None = None) -> str:
     """One relation's ``select`` in Spark SQL, for a relation without recursive CTEs."""
-    translation = translate(sql, settings=settings)
-    if translation.recursions:
+    translation = translate(sql, settings=settings, stages=False)
+    if translation.steps:
         raise ValueError("the relation has recursive CTEs: use translate()")
     return translation.sql

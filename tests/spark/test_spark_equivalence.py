@@ -145,9 +145,9 @@ def _rows(con: duckdb.DuckDBPyConnection, select: str) -> tuple[list[str], list[
     return names, cur.fetchall()
 
 
-@pytest.mark.parametrize("name", (*PROVEN, *INTERNAL))
-def test_relation_equal(paths: tuple[Path, Path], name: str) -> None:
-    store, out = paths
+def assert_relation_equal(store: Path, out: Path, name: str) -> None:
+    """``name`` as Spark wrote it under ``out`` holds the rows of ``store``'s, matched on its
+    grain, each value the same (floats within the tolerances above)."""
     con = duckdb.connect(str(store), read_only=True)
     _store._tune(con)
     try:
@@ -174,6 +174,11 @@ def test_relation_equal(paths: tuple[Path, Path], name: str) -> None:
     differ = [(key, col, want[key][col], have[key][col])
               for key in want for col in ref_cols if not _same(want[key][col], have[key][col])]
     assert not differ, f"{name}: {len(differ)} values differ, first: {differ[:5]}"
+
+
+@pytest.mark.parametrize("name", (*PROVEN, *INTERNAL))
+def test_relation_equal(paths: tuple[Path, Path], name: str) -> None:
+    assert_relation_equal(*paths, name)
 
 
 def test_proven_relations_compare_rows(paths: tuple[Path, Path]) -> None:
