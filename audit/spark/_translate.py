@@ -494,7 +494,10 @@ def _folded_range_joins(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr
             for interval in pair:
                 lows = {lo.name for lo, hi in below[pair] if lo.table == interval}
                 highs = {hi.name for lo, hi in below[pair] if hi.table == interval}
-                points = [hi for lo, hi in below[pair] if lo.table == interval]
+                # a point: one column of the other table, above the low and below the high
+                # (two intervals overlapping bound each other's ends: not a point)
+                points = [hi for lo, hi in below[pair] if lo.table == interval] + [
+                    lo for lo, hi in below[pair] if hi.table == interval]
                 if len(lows) == 1 and len(highs) == 1 and lows != highs and len(
                         {p.name for p in points}) == 1:
                     if _range_bucketed(join, interval, lows.pop(), highs.pop(), points[0],
