@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -56,6 +57,24 @@ every closed partition is read."""
 WINDOW_TO_VARIABLE: Final = "routeaudit_window_to_ns"
 """Like :data:`WINDOW_FROM_VARIABLE`, the window's end (Unix ns): the partitions after those
 its requests' rows can lie in are skipped too."""
+
+SUMMARY_TABLE: Final = "routeaudit_closed_requests"
+"""Stored table with one row per closed partition: its ``requests`` rows, and the oldest and
+newest start among them (``first_at`` / ``last_at``). Written in the same transaction as the
+partition's move, so the store's range (:data:`RANGE_VIEW`) never reads the Parquet files."""
+
+RANGE_VIEW: Final = "routeaudit_requests_range"
+"""Temporary view :func:`install_views` makes beside the others, in one row: ``requests``,
+``first_at``, ``last_at`` over every request the ``requests`` view reads (the DuckDB rows and
+the closed partitions' :data:`SUMMARY_TABLE` rows), without opening a closed partition."""
+
+RANGE_COLUMN: Final = "first_seen_at"
+"""The start of a request the range reports (the dashboard's ``REQUEST_AT``)."""
+
+GENERATION: Final = "closed_generation"
+"""routeaudit_meta key bumped by every close and re-open, in its transaction: a reader that
+listed the partition folders under the same generation (and ``closed_until``) lists the same
+folders, so it keeps the listing instead of walking thousands of folders per query."""
 
 KEY_TABLES: Final = ("requests", "int_attr_decisions_resolved", "int_spans_clock_corrected",
                      "executions")
@@ -221,19 +240,71 @@ def window_bounds(parts: _incremental.Partitioning, until: int) -> tuple[str, st
     return lo, hi
 
 
+def _meta(con: duckdb.DuckDBPyConnection, keys: list[str]) -> dict[str, str]:
+    try:
+        rows = con.execute("select key, value from routeaudit_meta where key in "
+                           "(select unnest(?::varchar[]))", [keys]).fetchall()
+    except duckdb.CatalogException:
+        return {}  # not a store (yet)
+    return {str(k): str(v) for k, v in rows}
+
+
+_LISTED: dict[Path, tuple[tuple[int, str], dict[str, list[tuple[int, int]]]]] = {}
+_LISTED_LOCK = threading.Lock()
+
+
+def _listed_runs(root: Path, until: int, generation: str | None) -> dict[str, list[tuple[int, int]]]:
+    """Each table's folders of partitions below ``until`` as runs (:func:`_parts_below`), for
+    the tables with files there. Listed once per generation of the closed partitions: the
+    folders change only with a close or re-open (which bump it) or a retention drop (whose cut
+    :func:`_clip` applies); a store written without the generation key is listed every time."""
+    key = (until, generation or "")
+    if generation is not None:
+        with _LISTED_LOCK:
+            hit = _LISTED.get(root)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+    runs = {t: r for t in _table_dirs(root)
+            if _has_files(root / t, until) and (r := _parts_below(root / t, until))}
+    if generation is not None:
+        with _LISTED_LOCK:
+            _LISTED[root] = (key, runs)
+    return runs
+
+
+def _clip(runs: list[tuple[int, int]], cut: int | None) -> list[tuple[int, int]]:
+    """``runs`` without the partitions below ``cut`` (retention's: their folders are going)."""
+    if cut is None:
+        return runs
+    return [(max(a, cut), b) for a, b in runs if b > cut]
+
+
+def _cuts(meta: dict[str, str], w: int) -> tuple[int | None, int | None]:
+    """(raw, derived) partitions below which retention dropped the closed partitions."""
+    raw, derived = (meta.get(k) for k in (_incremental.RAW_KEPT_FROM,
+                                          _incremental.VERDICTS_KEPT_FROM))
+    return (None if raw is None else int(raw) // w, None if derived is None else int(derived) // w)
+
+
 def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str]) -> int:
     """On ``con``, a temporary view of each stored table that has closed partitions, under the
     table's own name: its DuckDB rows and its Parquet rows as one. Views that read the table
-    by name (the parametrised relations) then read both. Returns how many views it made.
+    by name (the parametrised relations) then read both. Also :data:`RANGE_VIEW` when the store
+    keeps :data:`SUMMARY_TABLE`. Returns how many views of tables it made.
 
     Every query through the collector runs on a cursor of its own, so this runs per query: the
-    columns of every table come from one catalog query and the views from one statement."""
-    until = closed_until(con)
-    if until is None:
+    folders are listed once per generation of the closed partitions, the columns of every table
+    come from one catalog query and the views from one statement."""
+    meta = _meta(con, [CLOSED_UNTIL, GENERATION, _incremental.RAW_KEPT_FROM,
+                       _incremental.VERDICTS_KEPT_FROM])
+    if CLOSED_UNTIL not in meta:
         return 0
+    until = int(meta[CLOSED_UNTIL])
     root = folder(store_path)
-    runs = {t: r for t in _table_dirs(root)
-            if _has_files(root / t, until) and (r := _parts_below(root / t, until))}
+    parts = _incremental.Partitioning.read(con)
+    raw_cut, derived_cut = _cuts(meta, parts.partition_ns)
+    runs = {t: clipped for t, r in _listed_runs(root, until, meta.get(GENERATION)).items()
+            if (clipped := _clip(r, raw_cut if t in RAW_TABLES else derived_cut))}
     tables = list(runs)
     if not tables:
         return 0
@@ -243,8 +314,9 @@ def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[
             "select table_name, column_name, data_type from duckdb_columns() "
             "where database_name = ? and schema_name = 'main' and table_name in "
             "(select unnest(?::varchar[])) order by table_name, column_index",
-            [db, tables]).fetchall():
+            [db, tables + [SUMMARY_TABLE]]).fetchall():
         cols.setdefault(str(table), []).append((str(name), str(typ)))
+    summary = cols.pop(SUMMARY_TABLE, None)
     # A window's requests are anchored at or after its start; what their rows read (windowed
     # fits, lookbacks, executions still running) lies at most reach_ns before it, and every
     # closed row sits in the partition of its request's anchor (or its own time). Symmetrically
@@ -252,7 +324,7 @@ def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[
     # after it, on a clock at most the skew off) within reach_ns after it. The bounds are
     # constants once the variables are bound, so DuckDB lists the folders of those partitions
     # only: listing every folder costs a query tens of ms per table at thousands of partitions.
-    lo, hi = window_bounds(_incremental.Partitioning.read(con), until)
+    lo, hi = window_bounds(parts, until)
     where = f"part >= {lo} and part < {hi}"
     statements = []
     for table, columns in cols.items():
@@ -262,6 +334,18 @@ def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[
         statements.append(
             f'create or replace temp view "{table}" as select {names} from {qualified} '
             f"union all {_closed_select(root, table, columns, where, files)}")
+    if summary is not None and "requests" in cols:
+        # the rows the requests view reads: every DuckDB row, and the closed partitions below
+        # closed_until that retention kept
+        kept = "true" if derived_cut is None else f"part >= {derived_cut}"
+        statements.append(
+            f"create or replace temp view {RANGE_VIEW} as select "
+            "cast(coalesce(sum(requests), 0) as bigint) as requests, min(first_at) as first_at, "
+            "max(last_at) as last_at from ("
+            f"select count(*) as requests, min({RANGE_COLUMN}) as first_at, "
+            f'max({RANGE_COLUMN}) as last_at from "{db}".main.requests union all '
+            f'select requests, first_at, last_at from "{db}".main.{SUMMARY_TABLE} '
+            f"where part < {until} and {kept})")
     if statements:
         # Creating a view binds its query, and without a window that lists every folder of
         # every table: seconds at thousands of partitions, paid per query where a reader
@@ -280,7 +364,39 @@ def install_views(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[
                     con.execute(f"reset variable {name}")
                 else:
                     con.execute(f"set variable {name} = ?", [value])
-    return len(statements)
+    return len(cols)
+
+
+def _has_summary(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(con.execute("select count(*) from information_schema.tables where table_catalog = "
+                            "current_database() and table_schema = 'main' and table_name = ?",
+                            [SUMMARY_TABLE]).fetchall()[0][0])
+
+
+def _summarise(con: duckdb.DuckDBPyConnection, root: Path, until: int | None) -> bool:
+    """Make :data:`SUMMARY_TABLE` if the store lacks it (closed by an earlier version, or never
+    closed): from the closed partitions' Parquet files, once. In the caller's transaction;
+    True when it made it."""
+    if _has_summary(con):
+        return False
+    con.execute(f"create table main.{SUMMARY_TABLE} (part bigint primary key, requests bigint, "
+                "first_at timestamp with time zone, last_at timestamp with time zone)")
+    # a store closed by an earlier version has no generation yet: from here its readers keep
+    # their listing of the folders
+    _bump_generation(con)
+    if until is None or not _has_files(root / "requests", until):
+        return True
+    con.execute(f"insert into main.{SUMMARY_TABLE} select part, count(*), "
+                f"min({RANGE_COLUMN}), max({RANGE_COLUMN}) from read_parquet("
+                f"'{_glob(root, 'requests')}', hive_partitioning = true) "
+                f"where part < {until} group by part")
+    return True
+
+
+def _bump_generation(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("insert or replace into routeaudit_meta select ?, cast(coalesce(max(try_cast("
+                "value as bigint)), 0) + 1 as varchar) from routeaudit_meta where key = ?",
+                [GENERATION, GENERATION])
 
 
 @dataclass
@@ -359,8 +475,9 @@ def close(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
         candidates = [v for v in (lo_row, None if raw_lo is None else int(raw_lo) // w)
                       if v is not None]
         lo = old if old is not None else (min(candidates) if candidates else hi)
+        made = _summarise(con, root, old)
         if hi <= lo:
-            con.execute("rollback")
+            con.execute("commit" if made else "rollback")
             return moved
         root.mkdir(parents=True, exist_ok=True)
         # what a close that did not commit left behind (never read: not below closed_until)
@@ -370,6 +487,10 @@ def close(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
                 if p is not None and p >= lo:
                     shutil.rmtree(root / table / entry)
         kept = kept_tables(con)
+        # before the rows leave: the range of the partitions' requests, as the view reads them
+        con.execute(f"insert or replace into main.{SUMMARY_TABLE} select part, count(*), "
+                    f"min({RANGE_COLUMN}), max({RANGE_COLUMN}) from main.requests "
+                    f"where part >= {lo} and part < {hi} group by part")
         _owned_parts(con, lo, hi)
         for _, table in _incremental._derived_tables(con):
             typed = _columns(con, f"main.{table}")
@@ -409,6 +530,7 @@ def close(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
         con.execute("update routeaudit_meta set value = cast(greatest(0, try_cast(value as "
                     "bigint) - ?) as varchar) where key = 'relations_spans'", [moved.spans])
         con.execute("insert or replace into routeaudit_meta values (?, ?)", [CLOSED_UNTIL, str(hi)])
+        _bump_generation(con)
         con.execute("commit")
     except BaseException:
         con.execute("rollback")
@@ -463,6 +585,9 @@ def reopen(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
         con.execute("delete from routeaudit_meta where key = ?", [CLOSED_UNTIL])
     else:
         con.execute("insert or replace into routeaudit_meta values (?, ?)", [CLOSED_UNTIL, str(lo)])
+    if _has_summary(con):  # else closed by an earlier version: the next close makes it
+        con.execute(f"delete from main.{SUMMARY_TABLE}" + ("" if lo is None else f" where part >= {lo}"))
+    _bump_generation(con)
     moved.partitions = sorted({int(p.name[5:]) for p in moved.stale})
     return moved
 

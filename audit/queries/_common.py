@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+import duckdb
 import polars as pl
 
 from audit import _closed, _relations
+from audit._errors import QueryCancelled, QueryError, QueryTimeout
 from audit._reads import Reads
 from audit._slo import SLO
 
@@ -164,7 +166,18 @@ def overlaps_window(window: TimeWindow | None, start: str, end: str) -> tuple[st
 
 def store_range(reader: Reads) -> pl.DataFrame:
     """Which requests the store holds, in one row: ``requests`` (count), ``first_at`` and
-    ``last_at`` (the oldest and newest :data:`REQUEST_AT`; null in an empty store)."""
+    ``last_at`` (the oldest and newest :data:`REQUEST_AT`; null in an empty store).
+
+    A store with closed partitions answers from its per-partition summary
+    (``routeaudit_requests_range``; docs/architecture.md, "Closed partitions"), so the answer
+    costs the same at any size; other stores, and readers without that view, count
+    ``requests``."""
+    try:
+        return reader.query(f"select requests, first_at, last_at from {_closed.RANGE_VIEW}")
+    except (QueryTimeout, QueryCancelled):
+        raise
+    except (QueryError, duckdb.Error):
+        pass  # no summary where this reader reads: the same answer from the rows
     return reader.query(
         f"select count(*) as requests, min({REQUEST_AT}) as first_at, "
         f"max({REQUEST_AT}) as last_at from requests"

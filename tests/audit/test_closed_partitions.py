@@ -455,3 +455,169 @@ def test_making_the_views_leaves_the_window_variables_as_they_were(
                            f"getvariable('{_closed.WINDOW_TO_VARIABLE}')").fetchall() == [(None, 12345)]
     finally:
         con.close()
+
+
+def _span(reader: Any) -> tuple[Any, ...]:
+    return tuple(queries.store_range(reader).row(0))
+
+
+def _retained(store_path: Path, keep_s: float, incremental: bool) -> None:
+    store = Store(store_path, incremental=incremental)
+    try:
+        done = store.retain(raw_s=keep_s, verdicts_s=keep_s)
+        # the rows of closed partitions are not counted: only the DuckDB rows are
+        assert done.verdicts_from_ns is not None and (incremental or done.requests_deleted > 0)
+    finally:
+        store.close()
+
+
+def _copy_one(one: Store, path: Path) -> Path:
+    one.checkpoint()
+    path.write_bytes(one.path.read_bytes())
+    return path
+
+
+def test_the_store_range_opens_no_closed_partition(built: dict[str, Any], tmp_path: Path) -> None:
+    """The range comes from each closed partition's summary, written as it closed (after a
+    re-open and a close again in the fixture): the one-shot store's answer, with every closed
+    ``requests`` file but the newest unreadable."""
+    one, inc = built["one"], built["inc"]
+    want = _span(_Reads(one))
+    assert want[0] > 0 and _closed.closed_until(one._con) is None
+    assert _span(_Reads(inc)) == want
+    path = _copy_store(inc, tmp_path / "copy.duckdb")
+    reader = audit.open(path)
+    assert _span(reader) == want
+    folders = sorted((_closed.folder(path) / "requests").glob("part=*"), key=lambda p: int(p.name[5:]))
+    assert len(folders) > 2
+    for f in folders[:-1]:  # the newest stands in while the views are made
+        for file in f.glob("*.parquet"):
+            file.write_bytes(b"not parquet")
+    assert _span(reader) == want
+    with pytest.raises(audit.QueryError):
+        reader.query("select count(*) from requests")
+
+
+def test_the_store_range_follows_reopens_closes_and_retention(built: dict[str, Any],
+                                                              tmp_path: Path) -> None:
+    one, inc = built["one"], built["inc"]
+    want = _span(_Reads(one))
+    path = _copy_store(inc, tmp_path / "copy.duckdb")
+    reader = audit.open(path)
+    w = _incremental_partition_ns(inc)
+    until = _closed.closed_until(inc._con)
+    assert until is not None
+
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("begin transaction")
+        moved = _closed.reopen(con, path, until - 3)
+        con.execute("commit")
+        _closed.forget(path, moved, until - 3, w)
+        assert moved.partitions
+    finally:
+        con.close()
+    assert _span(reader) == want
+    con = duckdb.connect(str(path))
+    try:
+        assert _closed.close(con, path, _incremental.horizon(con)[0]).partitions
+        assert _closed.closed_until(con) == until
+    finally:
+        con.close()
+    assert _span(reader) == want
+
+    # retention inside the closed partitions, against the one-shot store's same retention
+    newest = inc._con.execute("select max(start_ns) from raw_spans").fetchall()[0][0]
+    oldest = min(int(p.name[5:]) for p in (_closed.folder(path) / "requests").iterdir())
+    keep_s = (newest - (oldest + 2) * w) / 1e9
+    early = queries.TimeWindow(datetime.fromtimestamp(oldest * w / 1e9, UTC))
+    # a windowed read lists the folders the retention deletes next
+    assert queries.window_counts(reader, early)["requests"][0] == want[0]
+    _retained(path, keep_s, incremental=True)
+    kept = _copy_one(one, tmp_path / "one.duckdb")
+    _retained(kept, keep_s, incremental=False)
+    after = _span(audit.open(kept))
+    assert after[0] < want[0]
+    assert _span(reader) == after
+    assert queries.window_counts(reader, early)["requests"][0] == after[0]
+
+    con = duckdb.connect(str(path))
+    try:
+        _closed.reopen_all(con, path)
+        assert _closed.closed_until(con) is None
+    finally:
+        con.close()
+    assert _span(reader) == after
+
+
+def test_a_store_closed_without_summaries_gets_them_at_its_next_close(
+        built: dict[str, Any], tmp_path: Path) -> None:
+    one, inc = built["one"], built["inc"]
+    want = _span(_Reads(one))
+    path = _copy_store(inc, tmp_path / "copy.duckdb")
+    until = _closed.closed_until(inc._con)
+    assert until is not None
+    con = duckdb.connect(str(path))
+    try:  # as an earlier version left it
+        con.execute(f"drop table {_closed.SUMMARY_TABLE}")
+        con.execute("delete from routeaudit_meta where key = ?", [_closed.GENERATION])
+    finally:
+        con.close()
+    reader = audit.open(path)
+    assert _span(reader) == want
+    with pytest.raises(audit.QueryError):
+        reader.query(f"select * from {_closed.RANGE_VIEW}")
+    con = duckdb.connect(str(path))
+    try:  # nothing to close: the summaries are made all the same
+        assert not _closed.close(con, path, _incremental.horizon(con)[0]).partitions
+    finally:
+        con.close()
+    assert tuple(reader.query(f"select * from {_closed.RANGE_VIEW}").row(0)) == want
+    assert _span(reader) == want
+
+
+def test_a_reader_lists_the_folders_again_when_the_generation_changes(
+        built: dict[str, Any], tmp_path: Path) -> None:
+    """The folder listing is kept between queries while the generation stays; a change of
+    the closed partitions comes with a new generation, and the next query lists again."""
+    inc = built["inc"]
+    path = _copy_store(inc, tmp_path / "copy.duckdb")
+    reader = audit.open(path)
+    root = _closed.folder(path)
+    oldest = min((root / "requests").glob("part=*"), key=lambda p: int(p.name[5:]))
+    w = _incremental_partition_ns(inc)
+    every = queries.TimeWindow(datetime.fromtimestamp(int(oldest.name[5:]) * w / 1e9, UTC))
+    before = queries.window_counts(reader, every)["requests"][0]
+    gone = pl.scan_parquet(oldest / "*.parquet").select(pl.len()).collect().item()
+    assert gone > 0
+    shutil.rmtree(oldest)
+    con = duckdb.connect(str(path))
+    try:
+        _closed._bump_generation(con)
+    finally:
+        con.close()
+    assert queries.window_counts(reader, every)["requests"][0] == before - gone
+
+
+def test_a_partition_closed_again_without_requests_leaves_the_range(built: dict[str, Any],
+                                                                   tmp_path: Path) -> None:
+    """A re-opened partition's recomputation may leave it no request (they join others): its
+    summary goes with the re-open, not only when a close writes it again."""
+    inc = built["inc"]
+    path = _copy_store(inc, tmp_path / "copy.duckdb")
+    reader = audit.open(path)
+    until = _closed.closed_until(inc._con)
+    assert until is not None
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("begin transaction")
+        moved = _closed.reopen(con, path, until - 3)
+        con.execute("delete from main.requests where part = ?", [until - 3])
+        con.execute("commit")
+        _closed.forget(path, moved, until - 3, _incremental_partition_ns(inc))
+        assert _closed.close(con, path, _incremental.horizon(con)[0]).partitions
+        assert _closed.closed_until(con) == until
+    finally:
+        con.close()
+    counted = reader.query("select count(*), min(first_seen_at), max(first_seen_at) from requests")
+    assert _span(reader) == tuple(counted.row(0))
