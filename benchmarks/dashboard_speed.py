@@ -63,6 +63,9 @@ def page_queries(reader: Any, slo: Any, w: Any) -> dict[str, Timed]:
     # the drill-down passes when the request started, from the match it lists (as the page does)
     match = q.request_matches(reader, rid, prefer=key, window=w)
     at = match["started_at"][0] if match.height else None
+    ident = str(match["request_id"][0]) if match.height else None
+    # the page reads the relations once (cached across pages) and passes them on
+    known: dict[str, Any] = {}
     return {
         "sidebar": [
             ("store_range", lambda: q.store_range(reader)),
@@ -88,11 +91,13 @@ def page_queries(reader: Any, slo: Any, w: Any) -> dict[str, Timed]:
         "request": [
             ("request_matches", lambda: q.request_matches(reader, rid, window=w)),
             ("request_detail", lambda: q.request_detail(reader, key, at=at)),
-            ("request_attributions", lambda: q.request_attributions(reader, key, slo, at=at)),
+            ("relation_columns", lambda: known.update(q.relation_columns(reader)) or known),
+            ("request_attributions", lambda: q.request_attributions(
+                reader, key, slo, at=at, request_id=ident, known=known)),
             ("request_waterfall", lambda: q.request_waterfall(reader, key, at=at)),
             ("request_decisions", lambda: q.request_decisions(reader, key, at=at)),
             ("request_candidates", lambda: q.request_candidates(reader, key, at=at)),
-            ("request_spans", lambda: q.request_spans(reader, key, at=at)),
+            ("request_spans", lambda: q.request_spans(reader, key, at=at, known=known)),
         ],
         "cache": [
             ("cache_by_replica", lambda: q.cache_by_replica(reader, window=w)),

@@ -3,6 +3,7 @@ attribution."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 import polars as pl
@@ -104,12 +105,17 @@ def request_waterfall(reader: Reads, request_key: str, *,
 
 
 def request_spans(reader: Reads, request_key: str, limit: int = 200, *,
-                  at: datetime | None = None) -> pl.DataFrame:
+                  at: datetime | None = None,
+                  known: Mapping[str, list[str]] | None = None) -> pl.DataFrame:
     """Raw spans of the request: those the audit linked to it (every trace it crossed), else
     its trace. Times are on each emitter's own clock (raw, uncorrected). Columns: name,
     component, service, kind, start_at (emitter clock), duration_ms, status_code, trace_id,
-    span_id, parent_span_id, attributes (every span attribute, JSON: ``raw_span_attributes``)."""
-    if has_relation(reader, "int_spans_clock_corrected", "trace_id", "span_id", "request_key"):
+    span_id, parent_span_id, attributes (every span attribute, JSON: ``raw_span_attributes``).
+
+    ``known``: :func:`relation_columns` if the caller has it (a page caches it), so this is one
+    query instead of two."""
+    if has_relation(reader, "int_spans_clock_corrected", "trace_id", "span_id", "request_key",
+                    known=known):
         linked = ("select trace_id, span_id from int_spans_clock_corrected "
                   "where request_key = ?")
     else:
@@ -195,15 +201,22 @@ def request_candidates(reader: Reads, request_key: str, *,
 
 
 def request_attributions(reader: Reads, request_key: str, slo: SLO | None = None, *,
-                         at: datetime | None = None) -> pl.DataFrame:
+                         at: datetime | None = None, request_id: str | None = None,
+                         known: Mapping[str, list[str]] | None = None) -> pl.DataFrame:
     """The attribution rows (verdict and evidence) of one request, primary first; empty frame
-    when the attribution relations are not installed."""
-    if not has_relation(reader, "attributions", *ATTR_COLUMNS):
+    when the attribution relations are not installed.
+
+    ``request_id``: the request's id, if the caller has its row (:func:`request_detail`), and
+    ``known``: :func:`relation_columns`, if it has them; each saves a query (a page's time is
+    the sum of its queries')."""
+    if not has_relation(reader, "attributions", *ATTR_COLUMNS, known=known):
         return pl.DataFrame()
-    ids = reader.query("select request_id from requests where request_key = ?", [request_key],
-                       variables=request_variables(at))
-    if ids.height == 0:  # no such request: nothing to compute (live, that would be all of them)
-        return pl.DataFrame()
+    if request_id is None:
+        ids = reader.query("select request_id from requests where request_key = ?",
+                           [request_key], variables=request_variables(at))
+        if ids.height == 0:  # no such request: nothing to compute (live, all of them)
+            return pl.DataFrame()
+        request_id = ids["request_id"][0]
     # Computed live (a non-default SLO), only the requests of this id are computed.
     return query_at(
         reader,
@@ -211,6 +224,6 @@ def request_attributions(reader: Reads, request_key: str, slo: SLO | None = None
         "order by is_primary desc, excess_ms desc nulls last",
         [request_key],
         slo,
-        request=ids["request_id"][0],
+        request=request_id,
         window=None if at is None else TimeWindow(at, at),
     )

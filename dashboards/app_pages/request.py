@@ -81,7 +81,10 @@ st.caption(f"policy `{r['policy']}` · router `{r['router_id']}` · run `{r['run
            f"link {r['link_method']}" + (" · ⚠ clock suspect" if r["clock_suspect"] else ""))
 
 st.subheader("Verdict")
-attributions = _ui.query("request_attributions", request_key, slo, at=at)
+# the request's id and the relations the page already has: a query each less
+known = _ui.query("relation_columns")
+attributions = _ui.query("request_attributions", request_key, slo, at=at,
+                         request_id=r["request_id"], known=known)
 if attributions is None:
     pass
 elif attributions.height == 0:
@@ -147,7 +150,7 @@ cached[1].metric("Actual cached tokens", "–" if r["actual_cached_tokens"] is N
 cached[2].metric("Input tokens", "–" if r["input_tokens"] is None else f"{r['input_tokens']:,}")
 
 with st.expander("Raw spans (each emitter's own clock)"):
-    spans = _ui.query("request_spans", request_key, at=at)
+    spans = _ui.query("request_spans", request_key, at=at, known=known)
     if _ui.empty(spans):
         st.info("No raw spans carry this request id or trace.")
     else:

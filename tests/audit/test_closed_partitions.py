@@ -621,3 +621,42 @@ def test_a_partition_closed_again_without_requests_leaves_the_range(built: dict[
         con.close()
     counted = reader.query("select count(*), min(first_seen_at), max(first_seen_at) from requests")
     assert _span(reader) == tuple(counted.row(0))
+
+
+class _Counting(_Reads):
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.queries = 0
+
+    def query(self, sql: str, params: Any = None, *, slo: Any = None,
+              variables: Any = None) -> pl.DataFrame:
+        self.queries += 1
+        return super().query(sql, params, slo=slo, variables=variables)
+
+
+def test_the_drill_down_given_the_request_id_and_the_relations_runs_one_query_each(
+        built: dict[str, Any]) -> None:
+    """The page has the request's row and the relations (cached): passed on, the verdict and
+    the raw spans are one query each, with the same rows."""
+    one, inc = built["one"], built["inc"]
+    until = _closed.closed_until(inc._con)
+    assert until is not None
+    strict = audit.load_slo(ttft_ms=150, tpot_ms=5)
+    drilled = _drilled_requests(inc, until, _incremental_partition_ns(inc), until)
+    known = queries.relation_columns(_Reads(inc))
+    attributed = 0
+    for key, at in drilled.values():
+        ident = str(queries.request_detail(_Reads(inc), key, at=at)["request_id"][0])
+        for slo in (None, strict):
+            want = queries.request_attributions(_Reads(one), key, slo)
+            counting = _Counting(inc)
+            got = queries.request_attributions(counting, key, slo, at=at, request_id=ident,
+                                               known=known)
+            assert counting.queries == 1
+            assert_frame_equal(_sorted(want), _sorted(got), rel_tol=1e-9, abs_tol=1e-9)
+            attributed += want.height
+        counting = _Counting(inc)
+        got = queries.request_spans(counting, key, at=at, known=known)
+        assert counting.queries == 1 and got.height > 0
+        assert_frame_equal(_sorted(queries.request_spans(_Reads(one), key)), _sorted(got))
+    assert attributed > 0
