@@ -14,7 +14,7 @@ import datetime as dt
 import importlib.util
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -82,14 +82,12 @@ pytestmark = [pytest.mark.skipif(_missing() is not None, reason=_missing() or ""
               pytest.mark.xdist_group("spark")]
 
 
-@pytest.fixture(scope="module")
-def paths(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """(the DuckDB sample store, the Spark path's output folder), built once per module."""
+def build_on_spark(store: Path, root: Path, public: Collection[str],
+                   internal: Collection[str] = ()) -> Path:
+    """Export ``store``'s raw tables under ``root``, build ``public`` and ``internal`` with the
+    Spark path (local[2]) from them, and write them to ``root / "out"`` (returned)."""
     from audit import spark as routeaudit_spark
-    from routeaudit._demo import write_sample_store
 
-    root = tmp_path_factory.mktemp("spark")
-    store = write_sample_store(root / "sample.duckdb")
     con = duckdb.connect(str(store), read_only=True)
     try:
         raw = routeaudit_spark.export_raw(con, root / "raw")
@@ -98,14 +96,24 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path
     spark = routeaudit_spark.session("local[2]", shuffle_partitions=2)
     try:
         routeaudit_spark.load_raw(spark, raw)
-        built = routeaudit_spark.build(spark, only=(*PROVEN, *INTERNAL))
+        built = routeaudit_spark.build(spark, only=(*public, *internal))
         assert not built.failed, built.failed
         routeaudit_spark.write_public(spark, root / "out", built)
-        for name in INTERNAL:
+        for name in internal:
             spark.table(name).write.parquet(str(root / "out" / name))
     finally:
         spark.stop()
-    yield store, root / "out"
+    return root / "out"
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """(the DuckDB sample store, the Spark path's output folder), built once per module."""
+    from routeaudit._demo import write_sample_store
+
+    root = tmp_path_factory.mktemp("spark")
+    store = write_sample_store(root / "sample.duckdb")
+    yield store, build_on_spark(store, root, PROVEN, INTERNAL)
 
 
 def _norm(value: Any) -> Any:

@@ -26,7 +26,12 @@ import duckdb
 import pytest
 
 from audit import _relations
-from tests.spark.test_spark_equivalence import PROVEN, _missing, assert_relation_equal
+from tests.spark.test_spark_equivalence import (
+    PROVEN,
+    _missing,
+    assert_relation_equal,
+    build_on_spark,
+)
 
 REQUESTS = 20_000
 
@@ -61,25 +66,10 @@ def _generate(path: Path, n: int) -> None:
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """(the generated run's DuckDB store, the Spark path's output folder)."""
-    from audit import spark as routeaudit_spark
-
     root = tmp_path_factory.mktemp("spark_generated")
     store = root / "generated.duckdb"
     _generate(store, REQUESTS)
-    con = duckdb.connect(str(store), read_only=True)
-    try:
-        raw = routeaudit_spark.export_raw(con, root / "raw")
-    finally:
-        con.close()
-    spark = routeaudit_spark.session("local[2]", shuffle_partitions=2)
-    try:
-        routeaudit_spark.load_raw(spark, raw)
-        built = routeaudit_spark.build(spark, only=PROVEN)
-        assert not built.failed, built.failed
-        routeaudit_spark.write_public(spark, root / "out", built)
-    finally:
-        spark.stop()
-    yield store, root / "out"
+    yield store, build_on_spark(store, root, PROVEN)
 
 
 def test_generated_run_is_full_size(generated: tuple[Path, Path]) -> None:
