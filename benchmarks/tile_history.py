@@ -6,8 +6,10 @@ Copy k (1..N) of the closed partitions ``[lo, hi)`` becomes partitions ``[lo −
 partition widths, and every identifier of a request, trace, span, decision or run gets a suffix
 of its copy, so no copy's rows join another's. Replica, router and host ids stay: the copies are
 more history of the same fleet. Nested values (candidate lists, evidence text) are copied as they
-are. The DuckDB file is not touched: its open partitions stay the newest, and the copies lie
-below ``closed_until``, so every reader reads them with the rest.
+are. The DuckDB file keeps its rows: its open partitions stay the newest, and the copies lie
+below ``closed_until``, so every reader reads them with the rest. Only its per-partition
+summaries of closed requests (``_closed.SUMMARY_TABLE``) are dropped, as they would leave the
+copies out of the store's range; the next close writes them again over every partition.
 
 A store of 60,000 closed requests tiled 165 times holds about 10M requests; the dashboard's
 default window (the last hour) still holds only the newest traffic, so what the page time
@@ -141,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         total_rows += rows * args.copies
         print(f"  {args.copies} copies in {time.perf_counter() - t:.1f} s", flush=True)
     print(f"wrote {total_rows:,} rows in {time.perf_counter() - started:.1f} s")
+    if not args.dry_run:
+        # the per-partition summaries know only the original partitions: without them readers
+        # count the requests of every partition, and the next close writes them all again
+        con = duckdb.connect(args.db)
+        con.execute(f"drop table if exists {_closed.SUMMARY_TABLE}")
+        con.close()
     return 0
 
 
