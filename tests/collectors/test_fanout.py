@@ -492,7 +492,8 @@ def test_closed_partitions_of_the_sources_are_merged(tmp_path: Path) -> None:
                 src.append(spans=part, events=_events_of(part, events))
                 src.refresh()
         assert all(s.closed_until_ns is not None for s in sources), [
-            (s.closed_until_ns, s.last_close_error, s.last_refresh_kind) for s in sources]
+            (s.closed_until_ns, s.last_close_error, s.last_refresh_kind, s.final_until_ns,
+             s.newest_request_ns) for s in sources]
         closed = [int(s.query_arrow("select count(*) as n from raw_spans").column("n")[0].as_py())
                   - int(s._con.execute("select count(*) from raw_spans").fetchall()[0][0])
                   for s in sources]
