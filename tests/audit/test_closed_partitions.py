@@ -273,6 +273,19 @@ def _page_queries(store: Store, window: queries.TimeWindow) -> dict[str, Any]:
     }
 
 
+def _assert_pages_equal(inc: Store, one: Store, window: queries.TimeWindow) -> None:
+    """Every page query of ``window`` on ``inc`` gives ``one``'s rows (sums over the same rows
+    in another order: floats within 1e-9), and each has rows but the two that may be empty."""
+    got, want = _page_queries(inc, window), _page_queries(one, window)
+    for name in want:
+        a, b = want[name], got[name]
+        pairs = [(a.requests, b.requests), (a.causes, b.causes)] \
+            if isinstance(a, queries.SlowPage) else [(a, b)]
+        for x, y in pairs:
+            assert x.height > 0 or name in ("failures_by_kind", "herding_episodes"), name
+            assert_frame_equal(x, y, rel_tol=1e-9, abs_tol=1e-9), name
+
+
 def test_a_window_reads_only_the_closed_partitions_it_can_reach_and_answers_the_same(
         built: dict[str, Any]) -> None:
     one, inc = built["one"], built["inc"]
@@ -288,15 +301,7 @@ def test_a_window_reads_only_the_closed_partitions_it_can_reach_and_answers_the_
             # the bound leaves out closed partitions: the pruning is exercised, not only allowed
             bound = (start_ns - _closed.reach_ns(parts)) // parts.partition_ns
             assert lowest < bound < until, (lowest, bound, until)
-        got, want = _page_queries(inc, window), _page_queries(one, window)
-        for name in want:
-            a, b = want[name], got[name]
-            # sums over the same rows in another order: floats within 1e-9
-            pairs = [(a.requests, b.requests), (a.causes, b.causes)] \
-                if isinstance(a, queries.SlowPage) else [(a, b)]
-            for x, y in pairs:
-                assert x.height > 0 or name in ("failures_by_kind", "herding_episodes"), name
-                assert_frame_equal(x, y, rel_tol=1e-9, abs_tol=1e-9), (back_s, name)
+        _assert_pages_equal(inc, one, window)
 
 
 def _bounds(window: queries.TimeWindow, parts: _incremental.Partitioning) -> tuple[int, int]:
@@ -360,14 +365,7 @@ def test_a_window_closed_at_both_ends_answers_the_same(built: dict[str, Any]) ->
     end_ns = (until - 3) * parts.partition_ns
     window = queries.TimeWindow(datetime.fromtimestamp((end_ns - 240 * 10**9) / 1e9, UTC),
                                 datetime.fromtimestamp(end_ns / 1e9, UTC))
-    got, want = _page_queries(inc, window), _page_queries(one, window)
-    for name in want:
-        a, b = want[name], got[name]
-        pairs = [(a.requests, b.requests), (a.causes, b.causes)] \
-            if isinstance(a, queries.SlowPage) else [(a, b)]
-        for x, y in pairs:
-            assert x.height > 0 or name in ("failures_by_kind", "herding_episodes"), name
-            assert_frame_equal(x, y, rel_tol=1e-9, abs_tol=1e-9)
+    _assert_pages_equal(inc, one, window)
 
 
 def _sorted(df: pl.DataFrame) -> pl.DataFrame:
