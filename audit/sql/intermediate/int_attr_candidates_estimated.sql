@@ -87,7 +87,11 @@ calibration_replicas as (
         case
             when prefill_n >= t.calibration_min_n
                 then fit_ratio / nullif(median(fit_ratio) over (partition by part, run_id), 0)
-        end as speed_factor
+        end as ratio_speed_factor,
+        solo_n,
+        solo_prefill_ms,
+        solo_uncached_tokens,
+        solo_attn_tokens2
     from calibration_chosen_fit
     cross join thresholds as t
 ),
@@ -135,6 +139,40 @@ calibration_fleet as (
         on c.part = i.part
         and c.run_id is not distinct from i.run_id
     group by all
+),
+
+calibration_speeds as (
+    -- a replica's speed: its prefills that ran alone (nothing queued or prefilling at their
+    -- decision, no step shared with another prefill) against what the run's idle fit, at the
+    -- fleet's median speed, predicts for the same prompts (a sum of predictions is the fit at
+    -- the sums of its regressors). Timed alone, a prefill shows the replica's own speed; a fit
+    -- or ratio over every prefill also learns the steps shared with other work, and a slow
+    -- replica, holding its work longer, shares more (in the testbed, a replica at 0.4x looked
+    -- 0.34x-0.36x by ratio or slope, 0.39x-0.40x alone). Without calibration_min_n such
+    -- prefills or without an idle fit: its Σprefill/Σuncached over the median replica's
+    select
+        c.* exclude (ratio_speed_factor, solo_n, solo_prefill_ms, solo_uncached_tokens,
+                     solo_attn_tokens2),
+        case
+            when c.solo_n >= t.calibration_min_n and f.idle_prefill_ms_per_token is not null
+                then 'solo_prefills'
+            when c.ratio_speed_factor is not null then 'prefill_ratio'
+        end as speed_from,
+        case
+            when c.solo_n >= t.calibration_min_n and f.idle_prefill_ms_per_token is not null
+                then c.solo_prefill_ms / nullif(
+                    c.solo_n * f.idle_prefill_intercept_ms
+                    + f.idle_prefill_ms_per_token * c.solo_uncached_tokens
+                    + f.idle_prefill_attn_ms_per_token2 * c.solo_attn_tokens2,
+                    0.0
+                )
+            else c.ratio_speed_factor
+        end as speed_factor
+    from calibration_replicas as c
+    cross join thresholds as t
+    left join calibration_fleet as f
+        on c.part = f.part
+        and c.run_id is not distinct from f.run_id
 ),
 
 scrapes as (
@@ -205,6 +243,14 @@ estimated as (
         coalesce(f.idle_prefill_attn_ms_per_token2, 0.0) as idle_prefill_attn_ms_per_token2,
         f.idle_prefill_ms_per_token is not null and s.replica is not null as has_idle_fit,
         coalesce(c.speed_factor, 1.0) as speed_factor,
+        case when s.replica is not null then c.speed_from end as speed_from,
+        -- a replica treated as running at another speed than the fleet's: by
+        -- slow_replica_ratio or more either way (per-replica measures differ by noise)
+        coalesce(
+            c.speed_factor >= t.slow_replica_ratio
+            or c.speed_factor <= 1.0 / t.slow_replica_ratio,
+            false
+        ) as speed_differs,
         coalesce(ce.speed_factor, 1.0) as exec_speed_factor
     from all_requests as j
     cross join thresholds as t
@@ -214,11 +260,11 @@ estimated as (
         on s.request_key = k.request_key
         and s.attempt is not distinct from k.attempt
         and s.decision_span_id is not distinct from k.decision_span_id
-    left join calibration_replicas as c
+    left join calibration_speeds as c
         on j.part = c.part
         and j.run_id is not distinct from c.run_id
         and s.replica = c.replica
-    left join calibration_replicas as ce
+    left join calibration_speeds as ce
         on j.part = ce.part
         and j.run_id is not distinct from ce.run_id
         and s.exec_replica = ce.replica
@@ -319,7 +365,7 @@ final as (
     select
         * exclude (
             has_idle_fit, uncached_est_tokens, prefill_alone_ms, exec_prefill_alone_ms,
-            exec_wait_est_ms, prefill_there_ms, exec_speed_factor
+            exec_wait_est_ms, prefill_there_ms, exec_speed_factor, speed_differs
         ),
         prefill_there_ms as prefill_est_ms,
         -- idle, with the cache it had there (the replica's report where it ran, else its
@@ -327,7 +373,12 @@ final as (
         coalesce(
             prefill_alone_ms, prefill_intercept_ms + prefill_ms_per_token * uncached_est_tokens
         ) as prefill_ideal_ms,
-        wait_est_ms + prefill_there_ms as ttft_est_ms
+        wait_est_ms + prefill_there_ms as ttft_est_ms,
+        -- the wait in the router's units: what the same work would take at the fleet's speed
+        -- (a router's queue estimate, and a policy re-run on the true load, know the load,
+        -- not the replica's speed: a slow replica's longer wait is its speed, not the view)
+        case when speed_differs then wait_est_ms / speed_factor else wait_est_ms end
+            as wait_nominal_ms
     from prefill_estimated
 )
 

@@ -3,7 +3,8 @@
 -- the ratio) and decode ms/token, plus the run's pooled values, and the run's idle fit
 -- (executions whose prefill started on a replica with nothing queued or prefilling and shared no
 -- step with another prefill, each scaled to the fleet's median speed): what a prompt costs on a
--- nominal idle replica, the long_prompt reference. The summary of partition p learns from the
+-- nominal idle replica, the long_prompt reference; and each replica's own prefills that ran alone
+-- (their sums, unscaled), which the idle fit measures the replica's speed on. The summary of partition p learns from the
 -- executions of the run's requests in partitions p - window_partitions .. p (stg_partitioning):
 -- a later partition never moves it, and a replica whose speed drifts is followed partition by
 -- partition. Rows exist for the partitions holding requests of the run. Independent of the
@@ -182,6 +183,27 @@ idle_points as (
     where p.uncached_tokens > 0 and p.prefill_us is not null
 ),
 
+solo_sums as (
+    -- per replica, its prefills that ran alone (unscaled): the time they took and the idle
+    -- fit's regressors summed, so that the idle fit's prediction for them is linear in these
+    -- sums (int_attr_candidates_estimated: the replica's speed). Exact integer sums
+    select
+        p.part,
+        p.run_id,
+        p.replica,
+        count(*) as solo_n,
+        sum(cast(p.prefill_us as hugeint)) as sy,
+        sum(cast(p.uncached_tokens as hugeint)) as s1,
+        sum(cast(p.uncached_tokens as hugeint) * (2 * p.cached_tokens + p.uncached_tokens))
+            as s2h
+    from calibration_points as p
+    inner join idle_solo as i
+        on p.request_key = i.request_key
+        and p.span_id = i.span_id
+    where p.uncached_tokens > 0 and p.prefill_us is not null
+    group by all
+),
+
 idle_sums as (
     select
         part,
@@ -248,7 +270,11 @@ final as (
         i.idle_slope,
         i.idle_attn_ms_per_token2,
         i.idle_my - i.idle_slope * i.idle_m1 - i.idle_attn_ms_per_token2 * i.idle_m2
-            as idle_intercept
+            as idle_intercept,
+        coalesce(o.solo_n, 0) as solo_n,
+        cast(o.sy as double) / 1000.0 as solo_prefill_ms,
+        cast(o.s1 as double) as solo_uncached_tokens,
+        cast(o.s2h as double) / 2.0 as solo_attn_tokens2
     from calibration_per_replica as p
     left join calibration_pooled as q
         on p.part = q.part
@@ -256,6 +282,10 @@ final as (
     left join calibration_idle as i
         on p.part = i.part
         and p.run_id is not distinct from i.run_id
+    left join solo_sums as o
+        on p.part = o.part
+        and p.run_id is not distinct from o.run_id
+        and p.replica = o.replica
 )
 
 select * from final

@@ -37,11 +37,13 @@ final_rows as (
         r.predicted_cached_tokens,
         round(e.ttft_est_ms / t.estimate_tolerance_ms) as ttft_est_rank,
         round(e.wait_est_ms / t.estimate_tolerance_ms) as wait_est_rank,
-        -- Q + P on the true wait with the router's own prefill estimate (its cache view)
+        -- Q + P on the true wait with the router's own prefill estimate (its cache view), the
+        -- wait at the fleet's speed: the router's estimates know the load, not the speed
         round(
-            (e.wait_est_ms + coalesce(e.router_est_prefill_ms, e.prefill_est_ms))
+            (e.wait_nominal_ms + coalesce(e.router_est_prefill_ms, e.prefill_est_ms))
             / t.estimate_tolerance_ms
         ) as true_qp_rank,
+        round(e.wait_nominal_ms / t.estimate_tolerance_ms) as wait_nominal_rank,
         round(
             (e.router_est_queue_ms + e.router_est_prefill_ms) / t.estimate_tolerance_ms
         ) as view_qp_rank,
@@ -130,6 +132,7 @@ best_alternative as (
                 'seen_pending': seen_pending,
                 'true_waiting': true_waiting,
                 'wait_est_ms': wait_est_ms,
+                'wait_nominal_ms': wait_nominal_ms,
                 'prefill_est_ms': prefill_est_ms,
                 'ttft_est_ms': ttft_est_ms,
                 'cached_assumed_tokens': cached_assumed_tokens,
@@ -224,7 +227,7 @@ score_rows as (
         round(f.router_est_queue_ms + f.router_est_prefill_ms, 6) as view_qp,
         cast(f.true_qp_rank as double) as true_qp,
         round(f.router_est_queue_ms, 6) as view_queue,
-        cast(f.wait_est_rank as double) as true_queue
+        cast(f.wait_nominal_rank as double) as true_queue
     from final_rows as f
     inner join policy_replayed as p
         on f.request_key = p.request_key
@@ -538,6 +541,7 @@ policy_choice_estimated as (
         c.policy_score_replayed_as,
         min(f.ttft_est_ms) as policy_true_ttft_est_ms,
         min(f.wait_est_ms) as policy_true_wait_est_ms,
+        min(f.wait_nominal_ms) as policy_true_wait_nominal_ms,
         -- what the router saw of it (a replica listed twice: the first record)
         arg_min(
             coalesce(f.seen_waiting, 0) + coalesce(f.seen_running, 0)
@@ -572,12 +576,15 @@ final as (
         c.true_running as c_true_running,
         c.true_remaining_tokens as c_true_remaining_tokens,
         c.wait_est_ms as c_wait_est_ms,
+        c.wait_nominal_ms as c_wait_nominal_ms,
         c.router_est_queue_ms as c_router_est_queue_ms,
         c.router_est_prefill_ms as c_router_est_prefill_ms,
         c.prefill_ms_per_token as c_prefill_ms_per_token,
         c.prefill_intercept_ms as c_prefill_intercept_ms,
         c.decode_ms_per_token as c_decode_ms_per_token,
         c.calibrated_from as c_calibrated_from,
+        c.speed_factor as c_speed_factor,
+        c.speed_from as c_speed_from,
         c.fleet_prefill_ms_per_token,
         c.fleet_prefill_intercept_ms,
         c.fleet_decode_ms_per_token,
@@ -608,6 +615,7 @@ final as (
         a.seen_pending as a_seen_pending,
         a.true_waiting as a_true_waiting,
         a.wait_est_ms as a_wait_est_ms,
+        a.wait_nominal_ms as a_wait_nominal_ms,
         a.prefill_est_ms as a_prefill_est_ms,
         a.ttft_est_ms as a_ttft_est_ms,
         a.cached_assumed_tokens as a_cached_tokens,
@@ -619,6 +627,7 @@ final as (
         p.policy_true_replica,
         p.policy_true_ttft_est_ms,
         p.policy_true_wait_est_ms,
+        p.policy_true_wait_nominal_ms,
         p.policy_true_seen_load,
         p.policy_true_true_load,
         p.policy_true_router_est_queue_ms,

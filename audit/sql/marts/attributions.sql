@@ -78,20 +78,37 @@ subjects as (
         and r.run_id is not distinct from g.run_id
 ),
 
+speed_judged as (
+    -- the chosen replica's speed relative to the fleet's when it is slow (null otherwise):
+    -- measured on its prefills that ran alone against the idle fit (c_speed_from =
+    -- 'solo_prefills', int_attr_candidates_estimated), slow when they took at least
+    -- slow_replica_ratio times the prediction; else, calibrated on its own data, its fitted
+    -- slope against the fleet median's
+    select
+        s.*,
+        case
+            when s.c_speed_from = 'solo_prefills'
+                then case
+                    when s.c_speed_factor >= t.slow_replica_ratio then 1.0 / s.c_speed_factor
+                end
+            when s.c_calibrated_from in ('replica', 'replica_ratio')
+                and s.c_prefill_ms_per_token
+                >= t.slow_replica_ratio * s.fleet_prefill_ms_per_token
+                then s.fleet_prefill_ms_per_token / s.c_prefill_ms_per_token
+        end as c_slow_speed
+    from subjects as s
+    cross join thresholds as t
+),
+
 eviction_sized as (
     select
         s.*,
-        -- recomputing a token costs the fleet's reference ms/token, or the chosen replica's
-        -- own when it is slow (per-replica fits differ by noise; only a slow replica is
+        -- recomputing a token costs the fleet's reference ms/token, or, on a slow replica,
+        -- that at its speed (per-replica fits differ by noise; only a slow replica is
         -- treated as different)
         coalesce(
-            case
-                when s.c_calibrated_from in ('replica', 'replica_ratio')
-                    and s.c_prefill_ms_per_token
-                    >= t.slow_replica_ratio * s.fleet_prefill_ms_per_token
-                    then s.c_prefill_ms_per_token
-                else s.fleet_prefill_ms_per_token
-            end,
+            s.fleet_prefill_ms_per_token / s.c_slow_speed,
+            s.fleet_prefill_ms_per_token,
             s.c_prefill_ms_per_token,
             0.0
         ) as c_nominal_ms_per_token,
@@ -102,7 +119,7 @@ eviction_sized as (
                 then s.predicted_cached - coalesce(s.actual_cached, 0)
             else 0
         end as evicted_tokens
-    from subjects as s
+    from speed_judged as s
     cross join thresholds as t
 ),
 
@@ -142,7 +159,9 @@ judged as (
         -- kept) A was better, and the view of the chosen replica's (or A's) load was
         -- materially wrong.
         -- With the router's Q/P estimates the comparison is Q+P against true wait + P (the
-        -- policy's own terms); without them, load = waiting + running (+ pending).
+        -- policy's own terms; the wait at the fleet's speed, wait_nominal_ms: the router's
+        -- estimates know the load, not a replica's speed); without them, load = waiting +
+        -- running (+ pending).
         coalesce(case
             -- the policy is known: re-run on the true state it chose another replica, and that
             -- choice's saving alone is material (the misrouting rule's bar)
@@ -156,8 +175,9 @@ judged as (
                         or abs(s.policy_true_true_load - s.policy_true_seen_load)
                         >= t.stale_min_gap
                         or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
-                        or abs(s.c_wait_est_ms - s.c_router_est_queue_ms) >= t.misroute_min_ms
-                        or abs(s.policy_true_wait_est_ms - s.policy_true_router_est_queue_ms)
+                        or abs(s.c_wait_nominal_ms - s.c_router_est_queue_ms)
+                        >= t.misroute_min_ms
+                        or abs(s.policy_true_wait_nominal_ms - s.policy_true_router_est_queue_ms)
                         >= t.misroute_min_ms
                     )
                     and s.stale_saving_ms >= t.misroute_min_ms
@@ -171,15 +191,15 @@ judged as (
                     s.c_router_est_queue_ms + coalesce(s.c_router_est_prefill_ms, 0.0)
                     <= s.a_router_est_queue_ms + coalesce(s.a_router_est_prefill_ms, 0.0)
                     + t.estimate_tolerance_ms
-                    and s.c_wait_est_ms + coalesce(s.c_router_est_prefill_ms, 0.0)
-                    > s.a_wait_est_ms + coalesce(s.a_router_est_prefill_ms, 0.0)
+                    and s.c_wait_nominal_ms + coalesce(s.c_router_est_prefill_ms, 0.0)
+                    > s.a_wait_nominal_ms + coalesce(s.a_router_est_prefill_ms, 0.0)
                     + t.estimate_tolerance_ms
                     and (
-                        s.c_wait_est_ms - s.c_router_est_queue_ms >= t.misroute_min_ms
+                        s.c_wait_nominal_ms - s.c_router_est_queue_ms >= t.misroute_min_ms
                         or s.c_true_load - s.c_seen_load >= t.stale_min_gap
                         or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
                         -- or A looked busier than it was (it had drained since the sample)
-                        or s.a_router_est_queue_ms - s.a_wait_est_ms >= t.misroute_min_ms
+                        or s.a_router_est_queue_ms - s.a_wait_nominal_ms >= t.misroute_min_ms
                     )
             else
                 s.c_seen_load <= s.a_seen_load
@@ -466,26 +486,35 @@ cause_slow_replica as (
         request_key,
         'slow_replica' as cause,
         'prefill' as sub_kind,
-        -- everything on a replica running at speed s (fleet ms/token / its ms/token) takes
-        -- 1/s as long: queue and prefill alike
-        actual_replica_ttft_ms
-        * (1.0 - fleet_prefill_ms_per_token / c_prefill_ms_per_token) as excess_ms,
+        -- everything on a replica running at speed s takes 1/s as long: queue and prefill
+        -- alike
+        actual_replica_ttft_ms * (1.0 - c_slow_speed) as excess_ms,
         0.6 as base_confidence,
-        printf(
-            '%s prefills at %.3f ms/token vs fleet median %.3f; this prefill %.0f ms for %d uncached tokens',
-            chosen_replica,
-            c_prefill_ms_per_token,
-            fleet_prefill_ms_per_token,
-            exec_prefill_ms,
-            exec_uncached_tokens
-        ) as evidence
+        case
+            when c_speed_from = 'solo_prefills'
+                then printf(
+                    '%s runs at %.2f of the fleet''s speed: its prefills that ran alone took '
+                    || '%.2f times what the idle fit predicts; this prefill %.0f ms for %d '
+                    || 'uncached tokens',
+                    chosen_replica,
+                    c_slow_speed,
+                    c_speed_factor,
+                    exec_prefill_ms,
+                    exec_uncached_tokens
+                )
+            else printf(
+                '%s prefills at %.3f ms/token vs fleet median %.3f; this prefill %.0f ms for %d uncached tokens',
+                chosen_replica,
+                c_prefill_ms_per_token,
+                fleet_prefill_ms_per_token,
+                exec_prefill_ms,
+                exec_uncached_tokens
+            )
+        end as evidence
     from judged
-    cross join thresholds as t
     where
         ttft_excess_ms > 0
-        and c_calibrated_from in ('replica', 'replica_ratio')
-        and c_prefill_ms_per_token
-        >= t.slow_replica_ratio * fleet_prefill_ms_per_token
+        and c_slow_speed is not null
     union all
     select
         request_key,
