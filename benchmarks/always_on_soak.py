@@ -23,8 +23,9 @@ returned SUCCESS; ``sender behind`` is how late (wall clock minus the request's 
 simulator handed a request to the SDK, non-zero when the senders cannot keep up.
 
 Every ``--sample-s`` seconds: the collector's RSS (/proc), the spans committed, the background
-refreshes (count, seconds, the last one's duration) and ``closed_until_ns`` from ``/health``,
-and the lag of ``attributions``:
+refreshes (count, seconds, the last one's duration), ``closed_until_ns``, ``last_close_ms`` and
+``last_checkpoint_ms`` from ``/health``, the size of the store's WAL (``<db>.wal``; it falls to 0
+at each checkpoint), and the lag of ``attributions``:
 
 * ``newest complete`` = the newest ``start_ns`` of a ``routeaudit.client`` span in
   ``raw_spans``. The client span ends last and is sent when the request has ended, so this is
@@ -227,8 +228,17 @@ class Sample:
     behind_ms: float
     closed_until_ns: int | None
     last_close_ms: float | None
+    last_checkpoint_ms: float | None
+    wal_mib: float
     query_ms: float
     load1: float
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # no WAL: everything checkpointed
+        return 0
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -248,6 +258,7 @@ def soak(args: argparse.Namespace) -> int:
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ra-soak-"))
     tmp.mkdir(parents=True, exist_ok=True)
     db = tmp / "audit.duckdb"
+    wal = Path(f"{db}.wal")
     # a SIGTERM stops the senders and the collector too (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
     port = free_port()
@@ -290,7 +301,7 @@ def soak(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         samples: list[Sample] = []
         print("   t s   RSS MiB  committed      acked  refr (s in them)  last ms   lag s  "
-              "age s  sender behind ms  closed   query ms  load", flush=True)
+              "age s  sender behind ms  closed   query ms  load  WAL MiB", flush=True)
 
         def sample() -> Sample:
             q0 = time.perf_counter()
@@ -321,6 +332,7 @@ def soak(args: argparse.Namespace) -> int:
                 lag_s=(None if judged is None or newest is None else max(0.0, (newest - judged) / 1e9)),
                 age_s=None if judged is None else (now_ns - judged) / 1e9, behind_ms=behind,
                 closed_until_ns=h.get("closed_until_ns"), last_close_ms=h.get("last_close_ms"),
+                last_checkpoint_ms=h.get("last_checkpoint_ms"), wal_mib=_size(wal) / 2**20,
                 query_ms=query_ms,
                 load1=os.getloadavg()[0])
             lag = "-" if out.lag_s is None else f"{out.lag_s:.1f}"
@@ -330,7 +342,7 @@ def soak(args: argparse.Namespace) -> int:
             print(f"{out.t_s:6.0f} {out.rss_mib:9,.0f} {out.committed:10,d} {out.acked:10,d} "
                   f"{out.refreshes:5d} ({out.refresh_s:7.1f}) {out.last_refresh_ms or 0:8,.0f} "
                   f"{lag:>7} {age:>6} {out.behind_ms:17,.0f} {closed:>7} {query_ms:10,.0f} "
-                  f"{out.load1:5.1f}", flush=True)
+                  f"{out.load1:5.1f} {out.wal_mib:8,.0f}", flush=True)
             return out
 
         next_at = t0 + args.sample_s
@@ -430,6 +442,11 @@ def summarise(args: argparse.Namespace, samples: list[Sample], requests: int, ha
         # distinct values of /health's last_close_ms: the moves the samples saw, not every one
         print(f"  moves to Parquet seen: {len(moves)}, median {_pct(moves, 0.5) / 1e3:.2f} s, "
               f"longest {moves[-1] / 1e3:.2f} s (each inside its refresh's duration)")
+    checkpoints = sorted({s.last_checkpoint_ms for s in samples if s.last_checkpoint_ms is not None})
+    if checkpoints:
+        print(f"  checkpoints between slices seen: {len(checkpoints)}, median "
+              f"{_pct(checkpoints, 0.5) / 1e3:.2f} s, longest {checkpoints[-1] / 1e3:.2f} s; WAL at most "
+              f"{max(s.wal_mib for s in samples):,.0f} MiB when sampled")
 
 
 def main() -> None:

@@ -404,6 +404,10 @@ class Collector:
             "last_close_ms": (round(self._store.last_close_s * 1000, 1)
                               if self._store is not None and self._store.last_close_s is not None
                               else None),
+            # how long the last checkpoint between slices took (in its refresh's too)
+            "last_checkpoint_ms": (round(self._store.last_checkpoint_s * 1000, 1)
+                                   if self._store is not None
+                                   and self._store.last_checkpoint_s is not None else None),
             "counters": self.metrics.snapshot(),
         }
 

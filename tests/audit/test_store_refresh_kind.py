@@ -107,3 +107,31 @@ def test_relations_of_another_version_are_rebuilt_whole_at_open(
                                      "'relations_version'").fetchall() == [(_relations.relations_version(),)]
     finally:
         reopened.close()
+
+
+def test_slices_checkpoint_between_them_once_the_wal_is_large(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parts = batches(tiled_sample(1), seed=7, batches=4)
+    monkeypatch.setattr(_store, "INCREMENTAL_MIN_SPANS", 1)
+    store = new_store(tmp_path / "s.duckdb", incremental=None)
+    wal = Path(f"{store.path}.wal")
+    try:
+        below, above = [], []
+        for i, batch in enumerate(parts):
+            # far above the size the first slices leave the WAL at, then 1 byte: every slice's
+            large = i >= 2
+            monkeypatch.setattr(_store, "SLICED_CHECKPOINT_BYTES", 1 if large else 10**12)
+            store.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
+            store.last_checkpoint_s = None
+            store.refresh()
+            if store.last_refresh_kind == "slice":
+                (above if large else below).append(
+                    (store.last_checkpoint_s, store.last_refresh_s, wal.stat().st_size if wal.exists() else 0))
+        assert below and above, (below, above)
+        # below the size: no checkpoint, the slices' commits are in the WAL
+        assert all(seconds is None and size > 0 for seconds, _, size in below), below
+        # from it on: each slice ends with a checkpoint, counted in its refresh, the WAL emptied
+        assert all(seconds is not None and 0 < seconds <= refresh and size == 0
+                   for seconds, refresh, size in above), above
+    finally:
+        store.close()
