@@ -144,7 +144,9 @@ QUERIES: dict[str, str] = {
 def spark() -> Iterator[SparkSession]:
     from audit import spark as routeaudit_spark
 
-    session = routeaudit_spark.session("local[1]", shuffle_partitions=1)
+    # the options apply to the first session of the process (one JVM), whichever module it is
+    session = routeaudit_spark.session("local[1]", shuffle_partitions=1,
+                                       java_options=routeaudit_spark.SHORT_RUN_JAVA_OPTIONS)
     try:
         yield session
     finally:
