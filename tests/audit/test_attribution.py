@@ -173,6 +173,14 @@ class Fleet:
                      actual=cached, status=status)
         return e
 
+    def served_took(self, request_id: str, replica: str, *, arrive: float, queue: float,
+                    input_tokens: int, prefill_ms: float, ttft_ms: float) -> dict[str, Any]:
+        """:meth:`served`, its prefill and replica TTFT as given (client TTFT 20 ms later)."""
+        e = self.served(request_id, replica, arrive=arrive, queue=queue, input_tokens=input_tokens)
+        e.update(prefill_ms=prefill_ms, ttft_ms=ttft_ms)
+        self.rows["requests"][-1].update(replica_ttft_ms=ttft_ms, ttft_ms=ttft_ms + 20.0)
+        return e
+
     def backlog(self, replica: str, n: int, *, tokens: int = 1000, prefix: str = "q") -> None:
         """n long prompts arriving at t=0 on one replica, prefilled one after the other."""
         for i in range(n):

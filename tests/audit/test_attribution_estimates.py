@@ -24,11 +24,8 @@ def calibrated_fleet() -> Fleet:
                        candidates=[{"replica": "A", **seen(0, 0)}, {"replica": "B", **seen(0, 0)}])
             f.served(rid, replica, arrive=t, queue=0.0, input_tokens=tokens)
             for j in range(2):
-                e = f.served(f"pair{replica}{k}{j}", replica, arrive=t + 10_000.0, queue=0.0,
-                             input_tokens=tokens)
-                e.update(prefill_ms=2.0 * tokens, ttft_ms=2.0 * tokens)
-                f.rows["requests"][-1].update(replica_ttft_ms=2.0 * tokens,
-                                              ttft_ms=2.0 * tokens + 20.0)
+                f.served_took(f"pair{replica}{k}{j}", replica, arrive=t + 10_000.0, queue=0.0,
+                              input_tokens=tokens, prefill_ms=2.0 * tokens, ttft_ms=2.0 * tokens)
     return f
 
 
@@ -64,9 +61,8 @@ def test_a_prefill_stretched_after_the_decision_would_have_been_stretched_elsewh
         e.update(prefill_ms=ms, ttft_ms=ms)
     f.decision("S", at_ms=1000.0, chosen="A", policy="round_robin", reason="round_robin",
                candidates=[{"replica": "A", **seen(0, 0)}, {"replica": "B", **seen(0, 0)}])
-    e = f.served("S", "A", arrive=1000.0, queue=0.0, input_tokens=1000)
-    e.update(prefill_ms=2600.0, ttft_ms=2600.0)
-    f.rows["requests"][-1].update(replica_ttft_ms=2600.0, ttft_ms=2620.0)
+    f.served_took("S", "A", arrive=1000.0, queue=0.0, input_tokens=1000,
+                  prefill_ms=2600.0, ttft_ms=2600.0)
     late = f.served("late", "A", arrive=1200.0, queue=0.0, input_tokens=1200)
     late.update(prefill_ms=2400.0, ttft_ms=2400.0)
     con = f.store()
@@ -90,9 +86,8 @@ def test_a_prefill_sharing_steps_with_the_work_present_is_that_works_wait() -> N
     f.served("P", "A", arrive=950.0, queue=0.0, input_tokens=1500)
     f.decision("S", at_ms=1000.0, chosen="A", policy="round_robin", reason="round_robin",
                candidates=[{"replica": "A", **seen(0, 1)}, {"replica": "B", **seen(0, 0)}])
-    e = f.served("S", "A", arrive=1000.0, queue=0.0, input_tokens=1000)
-    e.update(prefill_ms=2500.0, ttft_ms=2500.0)
-    f.rows["requests"][-1].update(replica_ttft_ms=2500.0, ttft_ms=2520.0)
+    f.served_took("S", "A", arrive=1000.0, queue=0.0, input_tokens=1000,
+                  prefill_ms=2500.0, ttft_ms=2500.0)
     con = f.store()
     (b,) = rows(con, "select prefill_est_ms from int_attr_candidates_estimated "
                      "where request_key = 'k-S' and replica = 'B'")

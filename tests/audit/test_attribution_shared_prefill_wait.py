@@ -26,9 +26,8 @@ def both_busy_admitted_at_once(s_prefill_ms: float) -> duckdb.DuckDBPyConnection
     f.served("Q", "B", arrive=950.0, queue=0.0, input_tokens=1500)
     f.decision("S", at_ms=1000.0, chosen="A", policy="round_robin", reason="round_robin",
                candidates=[{"replica": "A", **seen(0, 1)}, {"replica": "B", **seen(0, 1)}])
-    e = f.served("S", "A", arrive=1000.0, queue=0.0, input_tokens=1000)
-    e.update(prefill_ms=s_prefill_ms, ttft_ms=s_prefill_ms)
-    f.rows["requests"][-1].update(replica_ttft_ms=s_prefill_ms, ttft_ms=s_prefill_ms + 20.0)
+    f.served_took("S", "A", arrive=1000.0, queue=0.0, input_tokens=1000,
+                  prefill_ms=s_prefill_ms, ttft_ms=s_prefill_ms)
     return f.store()
 
 

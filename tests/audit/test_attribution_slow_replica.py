@@ -32,11 +32,8 @@ def slow_fleet() -> Fleet:
     for k in (0, 5):
         tokens = 400 + 200 * k
         for j in range(2):
-            e = f.served(f"pairA{k}{j}", "A", arrive=-390_000.0 + 50_000.0 * k, queue=0.0,
-                         input_tokens=tokens)
-            e.update(prefill_ms=5.0 * tokens, ttft_ms=5.0 * tokens)
-            f.rows["requests"][-1].update(replica_ttft_ms=5.0 * tokens,
-                                          ttft_ms=5.0 * tokens + 20.0)
+            f.served_took(f"pairA{k}{j}", "A", arrive=-390_000.0 + 50_000.0 * k, queue=0.0,
+                          input_tokens=tokens, prefill_ms=5.0 * tokens, ttft_ms=5.0 * tokens)
     return f
 
 
@@ -49,9 +46,8 @@ def test_a_slow_replicas_speed_comes_from_its_prefills_alone() -> None:
         f.backlog(replica, 3, tokens=1000, prefix=f"q{replica}")
     f.decision("S", at_ms=100.0, chosen="A", policy="round_robin", reason="round_robin",
                candidates=[{"replica": r, **seen(0, 0)} for r in ("A", *NOMINAL)])
-    e = f.served("S", "A", arrive=100.0, queue=0.0, input_tokens=1200)
-    e.update(prefill_ms=3000.0, ttft_ms=3000.0)
-    f.rows["requests"][-1].update(replica_ttft_ms=3000.0, ttft_ms=3020.0)
+    f.served_took("S", "A", arrive=100.0, queue=0.0, input_tokens=1200,
+                  prefill_ms=3000.0, ttft_ms=3000.0)
     con = f.store()
     (a,) = rows(con, "select speed_factor, speed_from, wait_nominal_ms, wait_est_ms "
                      "from int_attr_candidates_estimated where request_key = 'k-S' "
@@ -82,9 +78,8 @@ def test_a_slow_replicas_longer_wait_is_its_speed_not_a_stale_view() -> None:
     qp_cost router chose A. On the true state, in the router's units, A still had the shorter
     queue: not stale telemetry, though A's wait in ms (2500) exceeds the router's 1000 ms."""
     f = slow_fleet()
-    e = f.served("qA0", "A", arrive=0.0, queue=0.0, input_tokens=1000)
-    e.update(prefill_ms=2500.0, ttft_ms=2500.0)
-    f.rows["requests"][-1].update(replica_ttft_ms=2500.0, ttft_ms=2520.0)
+    f.served_took("qA0", "A", arrive=0.0, queue=0.0, input_tokens=1000,
+                  prefill_ms=2500.0, ttft_ms=2500.0)
     f.backlog("B", 2, tokens=1000, prefix="qB")
     for replica in ("C", "D", "E"):
         f.backlog(replica, 3, tokens=1000, prefix=f"q{replica}")
@@ -94,9 +89,8 @@ def test_a_slow_replicas_longer_wait_is_its_speed_not_a_stale_view() -> None:
                candidates=[{"replica": r, **seen(w, run), "est_queue_ms": q,
                             "est_prefill_ms": 500.0}
                            for r, (q, w, run) in view.items()])
-    e = f.served("S", "A", arrive=10.0, queue=2490.0, input_tokens=200)
-    e.update(prefill_ms=500.0, ttft_ms=2990.0)
-    f.rows["requests"][-1].update(replica_ttft_ms=2990.0, ttft_ms=3010.0)
+    f.served_took("S", "A", arrive=10.0, queue=2490.0, input_tokens=200,
+                  prefill_ms=500.0, ttft_ms=2990.0)
     con = f.store()
     (a,) = rows(con, "select wait_est_ms, wait_nominal_ms, speed_factor "
                      "from int_attr_candidates_estimated where request_key = 'k-S' "
