@@ -5,6 +5,9 @@ a prefill that runs alone takes 1 ms per uncached token on a nominal replica."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import duckdb
 import pytest
 from test_attribution import Fleet, primary, rows, seen
 
@@ -37,6 +40,14 @@ def slow_fleet() -> Fleet:
     return f
 
 
+def estimate_of_s(con: duckdb.DuckDBPyConnection, replica: str) -> dict[str, Any]:
+    """S's candidate ``replica``: its speed, where the speed came from, and its wait."""
+    (row,) = rows(con, "select speed_factor, speed_from, wait_nominal_ms, wait_est_ms "
+                       "from int_attr_candidates_estimated where request_key = 'k-S' "
+                       "and replica = ?", [replica])
+    return row
+
+
 def test_a_slow_replicas_speed_comes_from_its_prefills_alone() -> None:
     """S (1200 tokens) went to the idle A and took 3000 ms, 2.5x the prompt alone elsewhere:
     A runs at about 0.4 of the fleet's speed, and slow_replica saves about 60 % of its TTFT.
@@ -49,15 +60,11 @@ def test_a_slow_replicas_speed_comes_from_its_prefills_alone() -> None:
     f.served_took("S", "A", arrive=100.0, queue=0.0, input_tokens=1200,
                   prefill_ms=3000.0, ttft_ms=3000.0)
     con = f.store()
-    (a,) = rows(con, "select speed_factor, speed_from, wait_nominal_ms, wait_est_ms "
-                     "from int_attr_candidates_estimated where request_key = 'k-S' "
-                     "and replica = 'A'")
+    a = estimate_of_s(con, "A")
     assert a["speed_from"] == "solo_prefills"
     # the idle fit learns A's points scaled by its ratio over every prefill: a little below 2.5
     assert 1.0 / a["speed_factor"] == pytest.approx(0.4, abs=0.025)
-    (b,) = rows(con, "select speed_factor, speed_from, wait_nominal_ms, wait_est_ms "
-                     "from int_attr_candidates_estimated where request_key = 'k-S' "
-                     "and replica = 'B'")
+    b = estimate_of_s(con, "B")
     assert b["speed_from"] == "solo_prefills"
     # (A's points, scaled down by 3.1 instead of 2.5, pull the idle fit below 1 ms/token)
     assert b["speed_factor"] == pytest.approx(1.0, abs=0.08)
@@ -92,9 +99,7 @@ def test_a_slow_replicas_longer_wait_is_its_speed_not_a_stale_view() -> None:
     f.served_took("S", "A", arrive=10.0, queue=2490.0, input_tokens=200,
                   prefill_ms=500.0, ttft_ms=2990.0)
     con = f.store()
-    (a,) = rows(con, "select wait_est_ms, wait_nominal_ms, speed_factor "
-                     "from int_attr_candidates_estimated where request_key = 'k-S' "
-                     "and replica = 'A'")
+    a = estimate_of_s(con, "A")
     assert a["wait_est_ms"] == pytest.approx(2490.0, abs=1.0)
     assert a["wait_nominal_ms"] == pytest.approx(a["wait_est_ms"] / a["speed_factor"])
     causes = {r["cause"] for r in rows(con, "select cause from attributions "
