@@ -496,25 +496,34 @@ def test_the_store_range_opens_no_closed_partition(built: dict[str, Any], tmp_pa
         reader.query("select count(*) from requests")
 
 
-def test_the_store_range_follows_reopens_closes_and_retention(built: dict[str, Any],
-                                                              tmp_path: Path) -> None:
-    one, inc = built["one"], built["inc"]
-    want = _span(_Reads(one))
+def _reopened_copy(inc: Store, tmp_path: Path, *, then: str | None = None) -> tuple[Path, Any, int]:
+    """A copy of ``inc`` whose last three closed partitions are re-opened (``then``, with
+    ``{part}`` the first of them, runs in the same transaction), a reader opened on it before,
+    and where its closed partitions ended."""
     path = _copy_store(inc, tmp_path / "copy.duckdb")
     reader = audit.open(path)
-    w = _incremental_partition_ns(inc)
     until = _closed.closed_until(inc._con)
     assert until is not None
-
     con = duckdb.connect(str(path))
     try:
         con.execute("begin transaction")
         moved = _closed.reopen(con, path, until - 3)
+        if then is not None:
+            con.execute(then.format(part=until - 3))
         con.execute("commit")
-        _closed.forget(path, moved, until - 3, w)
+        _closed.forget(path, moved, until - 3, _incremental_partition_ns(inc))
         assert moved.partitions
     finally:
         con.close()
+    return path, reader, until
+
+
+def test_the_store_range_follows_reopens_closes_and_retention(built: dict[str, Any],
+                                                              tmp_path: Path) -> None:
+    one, inc = built["one"], built["inc"]
+    want = _span(_Reads(one))
+    w = _incremental_partition_ns(inc)
+    path, reader, until = _reopened_copy(inc, tmp_path)
     assert _span(reader) == want
     con = duckdb.connect(str(path))
     try:
@@ -601,18 +610,10 @@ def test_a_partition_closed_again_without_requests_leaves_the_range(built: dict[
                                                                    tmp_path: Path) -> None:
     """A re-opened partition's recomputation may leave it no request (they join others): its
     summary goes with the re-open, not only when a close writes it again."""
-    inc = built["inc"]
-    path = _copy_store(inc, tmp_path / "copy.duckdb")
-    reader = audit.open(path)
-    until = _closed.closed_until(inc._con)
-    assert until is not None
+    path, reader, until = _reopened_copy(
+        built["inc"], tmp_path, then="delete from main.requests where part = {part}")
     con = duckdb.connect(str(path))
     try:
-        con.execute("begin transaction")
-        moved = _closed.reopen(con, path, until - 3)
-        con.execute("delete from main.requests where part = ?", [until - 3])
-        con.execute("commit")
-        _closed.forget(path, moved, until - 3, _incremental_partition_ns(inc))
         assert _closed.close(con, path, _incremental.horizon(con)[0]).partitions
         assert _closed.closed_until(con) == until
     finally:
