@@ -76,8 +76,7 @@ GENERATION: Final = "closed_generation"
 listed the partition folders under the same generation (and ``closed_until``) lists the same
 folders, so it keeps the listing instead of walking thousands of folders per query."""
 
-KEY_TABLES: Final = ("requests", "int_attr_decisions_resolved", "int_spans_clock_corrected",
-                     "executions")
+KEY_TABLES: Final = ("requests", "int_attr_decisions_resolved", "int_request_spans", "executions")
 """Read by a slice's plan and key sets (audit._incremental), so kept for closed partitions:
 when one re-opens, the rows it brings back are found and replaced."""
 
@@ -415,7 +414,7 @@ def _owned_parts(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> None:
     con.execute("create or replace temp table _close_requests as select request_key, part "
                 f"from main.requests where part >= {lo} and part < {hi}")
     for name, key, relation in (("decisions", "decision_key", "int_attr_decisions_resolved"),
-                                ("traces", "trace_id", "int_spans_clock_corrected"),
+                                ("traces", "trace_id", "int_request_spans"),
                                 ("spans", "span_id", "executions")):
         con.execute(f"create or replace temp table _close_{name} as "
                     f"select t.{key}, min(r.part) as part from main.{relation} as t "

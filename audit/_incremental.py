@@ -168,9 +168,9 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning,
                 where s.start_ns >= {far} and s.a_request_id is not null
             ),
             keys as (
-                select distinct c.request_key
-                from int_spans_clock_corrected as c semi join dirty using (trace_id)
-                where c.start_ns >= {far}
+                select distinct t.request_key
+                from int_request_spans as t semi join dirty using (trace_id)
+                where t.start_ns >= {far}
             )
             select min(r.anchor_ns) from requests as r
             where r.anchor_ns >= {far - SKEW_NS}
@@ -368,7 +368,7 @@ def _key_sets(con: duckdb.DuckDBPyConnection, side: str, schema: str, requests_w
                 f"select request_key from {schema}.requests where {requests_where}")
     of_requests = f"request_key in (select request_key from _owned_{side}_requests)"
     for name, key, relation in (("decisions", "decision_key", "int_attr_decisions_resolved"),
-                                ("traces", "distinct trace_id", "int_spans_clock_corrected"),
+                                ("traces", "distinct trace_id", "int_request_spans"),
                                 ("spans", "span_id", "executions")):
         con.execute(f"create or replace temp table _owned_{side}_{name} as "
                     f"select {key} from {schema}.{relation} where {of_requests}")

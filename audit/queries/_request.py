@@ -114,9 +114,9 @@ def request_spans(reader: Reads, request_key: str, limit: int = 200, *,
 
     ``known``: :func:`relation_columns` if the caller has it (a page caches it), so this is one
     query instead of two."""
-    if has_relation(reader, "int_spans_clock_corrected", "trace_id", "span_id", "request_key",
+    if has_relation(reader, "int_request_spans", "trace_id", "span_id", "request_key",
                     known=known):
-        linked = ("select trace_id, span_id from int_spans_clock_corrected "
+        linked = ("select trace_id, span_id from int_request_spans "
                   "where request_key = ?")
     else:
         linked = ("select s.trace_id, s.span_id from raw_spans as s "

@@ -114,6 +114,9 @@ def test_old_partitions_leave_the_duckdb_file(built: dict[str, Any]) -> None:
     assert sorted((root / "raw_spans").glob("part=*/*.parquet"))
     # the steps between raw rows and the marts are not kept for closed partitions
     assert not (root / "int_requests_linked").exists()
+    # nor the corrected spans (a near copy of the raw ones): their keys are enough
+    assert not (root / "int_spans_clock_corrected").exists()
+    assert sorted((root / "int_request_spans").glob("part=*/*.parquet"))
     marker = json.loads((root / _closed.MARKER).read_text())
     assert marker["closed_until_part"] == _closed.closed_until(inc._con)
 
@@ -386,7 +389,7 @@ def _drilled_requests(inc: Store, until: int, w: int,
                   "order by first_seen_at, request_key limit 1",
         "straddling": f"""
             select r.request_key, r.first_seen_at from requests as r
-            join int_spans_clock_corrected as s using (request_key)
+            join int_request_spans as s using (request_key)
             join executions as e using (request_key)
             where r.part < {until} - 1
                 and (s.start_ns // {w} > r.part or epoch_ns(e.end_at) // {w} > r.part)
