@@ -8,7 +8,7 @@ in test_attribution (every replica prefills at 1 ms per uncached token)."""
 from __future__ import annotations
 
 import pytest
-from test_attribution import Fleet, load_blind_fleet, primary, rows, seen
+from test_attribution import Fleet, at, load_blind_fleet, primary, rows, seen
 
 
 def prefix_fleet(*, b_served_prefix: bool, b_predicted: int, p0_at: float = -10_000.0) -> Fleet:
@@ -55,6 +55,43 @@ def test_prefix_service_long_before_the_decision_is_not_evidence() -> None:
     assert b == {"cached_assumed_tokens": 0, "prefix_held_blocks": 0}
     causes = {r["cause"] for r in rows(con, "select cause from attributions where request_id='S'")}
     assert "misrouting" not in causes
+
+
+def test_a_prefix_an_execution_still_running_there_prefilled_is_held() -> None:
+    """p0 shared S's first two blocks on B 60 s before S, and was still decoding there at S's
+    decision: its blocks were referenced, and a referenced block is never evicted, however
+    long ago it was prefilled and whatever B allocated since. B held half the prompt."""
+    f = prefix_fleet(b_served_prefix=True, b_predicted=0, p0_at=-60_000.0)
+    p0 = next(e for e in f.rows["executions"] if e["request_id"] == "p0")
+    p0.update(end_at=at(-60_000.0 + p0["ttft_ms"] + 70_000.0), decode_ms=70_000.0,
+              e2e_ms=p0["ttft_ms"] + 70_000.0)
+    con = f.store()
+    (b,) = rows(con, "select cached_assumed_tokens, prefix_held_blocks "
+                     "from int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
+    assert b == {"cached_assumed_tokens": 1000, "prefix_held_blocks": 2}
+    assert (primary(con, "S")["cause"], primary(con, "S")["sub_kind"]) == (
+        "misrouting", "cache_blind")
+
+
+@pytest.mark.parametrize(("b_turnover", "held"), [(0, True), (30_000, False)])
+def test_an_idle_alternatives_pool_is_sized_from_the_decisions_other_candidates(
+        b_turnover: int, held: bool) -> None:
+    """B, idle (no KV usage to size its pool), served S's first two blocks 60 s before S. C,
+    another candidate, held 10,000 tokens at a KV usage of 0.5 the router saw: a pool of
+    20,000 tokens. Sized so, B's cache held the prefix when it allocated nothing since
+    (instead of the 30 s rule of an unsized pool), and not when it allocated 30,000 tokens of
+    other prompts since, more than its 20,000-token room."""
+    f = prefix_fleet(b_served_prefix=True, b_predicted=0, p0_at=-60_000.0)
+    if b_turnover:
+        f.served("q1", "B", arrive=-50_000.0, queue=0.0, input_tokens=b_turnover)
+    f.served("c0", "C", arrive=-1_000.0, queue=0.0, input_tokens=10_000)
+    f.rows["candidates"].append({**f.rows["candidates"][-1], "replica": "C", **seen(0, 1),
+                                 "kv_usage": 0.5})
+    con = f.store()
+    (b,) = rows(con, "select cached_assumed_tokens, prefix_held_blocks "
+                     "from int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
+    assert b == ({"cached_assumed_tokens": 1000, "prefix_held_blocks": 2} if held
+                 else {"cached_assumed_tokens": 0, "prefix_held_blocks": 0})
 
 
 def test_a_shorter_prefix_served_since_is_held_when_the_longer_one_is_not() -> None:

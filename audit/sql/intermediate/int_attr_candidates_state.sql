@@ -190,6 +190,7 @@ replica_turnover as (
         replica,
         request_key,
         first_token_at,
+        end_at_eff,
         sum(uncached_tokens + coalesce(output_tokens, 0)) over (
             partition by replica
             order by first_token_at
@@ -252,13 +253,22 @@ looked_up_hashes as (
 
 served_blocks as (
     -- every looked-up prefix block a replica prefilled, stamped with the request's first token
-    -- and the replica's turnover through it
-    select *
+    -- and the replica's turnover through it, and until when an execution that prefilled it
+    -- there (this one or an earlier one) still ran: until then the block was referenced, and a
+    -- referenced block is never evicted, whatever the turnover
+    select
+        *,
+        max(ran_until) over (
+            partition by replica, block_hash
+            order by served_at
+            range between unbounded preceding and current row
+        ) as pinned_until
     from (
         select
             e.replica,
             unnest(q.prefix_hashes) as block_hash,
             e.first_token_at as served_at,
+            e.end_at_eff as ran_until,
             e.turnover_through as served_turnover
         from replica_turnover as e
         inner join decision_prefixes as q
@@ -355,7 +365,11 @@ blocks_served as (
         case
             when s.replica = b.replica and s.block_hash = b.block_hash
                 then s.served_turnover
-        end as served_turnover
+        end as served_turnover,
+        case
+            when s.replica = b.replica and s.block_hash = b.block_hash
+                then s.pinned_until
+        end as pinned_until
     from (
         select
             *,
@@ -412,32 +426,47 @@ instant_turnover as (
 ),
 
 capacity_seen as (
-    -- the replica's prefix-cache room at the decision: its KV pool estimated as the tokens its
-    -- running executions held over the KV usage the router saw, less what they hold
+    -- the replica's prefix-cache room at the decision: its KV pool less the tokens its running
+    -- executions hold. The pool is estimated as those tokens over the KV usage the router saw
+    -- (from a usage of 0.05: below it both are too small to divide); a replica below that,
+    -- nearly or wholly idle, takes the median pool of the decision's candidates that have one
+    -- (the replicas a router chooses among serve one model: their pools are alike), not the
+    -- 30 s rule of an unsized pool: an idle replica's cache is what turns over least
     select
-        c.decision_key,
-        c.replica,
-        max(
-            case
-                when c.seen_kv_usage >= 0.05
-                    then s.true_held_tokens / c.seen_kv_usage - s.true_held_tokens
-            end
-        ) as cache_room
-    from own_candidates as c
-    inner join true_state_aggregated as s
-        on c.decision_key = s.decision_key
-        and c.replica = s.replica
-    group by c.decision_key, c.replica
+        decision_key,
+        replica,
+        coalesce(own_pool, min(own_pool) over (partition by decision_key))
+        - coalesce(held_tokens, 0) as cache_room
+    from (
+        select
+            c.decision_key,
+            c.replica,
+            max(s.true_held_tokens) as held_tokens,
+            max(
+                case
+                    when c.seen_kv_usage >= 0.05
+                        then s.true_held_tokens / c.seen_kv_usage
+                end
+            ) as own_pool
+        from own_candidates as c
+        left join true_state_aggregated as s
+            on c.decision_key = s.decision_key
+            and c.replica = s.replica
+        group by c.decision_key, c.replica
+    ) as p
 ),
 
 alternative_limits as (
     -- what a block must meet to count as held by an alternative at the decision: served there
     -- within 300 s, and a busy replica's LRU prefix cache turns over, so only while the tokens
     -- newly allocated there since its service fit in the room its running executions leave in
-    -- the pool (capacity_seen); without a KV usage to size the pool, served within 30 s
+    -- the pool (capacity_seen); without a KV usage to size the pool, served within 30 s. A
+    -- block an execution still running there prefilled is held whatever the turnover
+    -- (deepest_held: pinned_until)
     select
         a.decision_key,
         a.replica,
+        a.decided_at,
         t.turnover_at,
         c.cache_room,
         a.decided_at - case
@@ -458,8 +487,14 @@ deepest_held as (
         b.replica,
         b.block_pos,
         coalesce(
-                b.served_at >= l.served_since
-                and (l.cache_room is null or l.turnover_at - b.served_turnover <= l.cache_room),
+                b.pinned_until > l.decided_at
+                or (
+                    b.served_at >= l.served_since
+                    and (
+                        l.cache_room is null
+                        or l.turnover_at - b.served_turnover <= l.cache_room
+                    )
+                ),
                 false
             ) as held
     from blocks_served as b
@@ -499,7 +534,11 @@ fallback_served as (
         case
             when s.replica = b.replica and s.block_hash = b.block_hash
                 then s.served_turnover
-        end as served_turnover
+        end as served_turnover,
+        case
+            when s.replica = b.replica and s.block_hash = b.block_hash
+                then s.pinned_until
+        end as pinned_until
     from (
         select
             *,
@@ -523,8 +562,14 @@ fallback_held as (
         b.replica,
         max(b.block_pos) filter (
             where coalesce(
-                    b.served_at >= l.served_since
-                    and (l.cache_room is null or l.turnover_at - b.served_turnover <= l.cache_room),
+                    b.pinned_until > l.decided_at
+                    or (
+                        b.served_at >= l.served_since
+                        and (
+                            l.cache_room is null
+                            or l.turnover_at - b.served_turnover <= l.cache_room
+                        )
+                    ),
                     false
                 )
         ) as held_blocks
