@@ -94,6 +94,26 @@ def test_an_idle_alternatives_pool_is_sized_from_the_decisions_other_candidates(
                  else {"cached_assumed_tokens": 0, "prefix_held_blocks": 0})
 
 
+@pytest.mark.parametrize(("b_turnover", "held"), [(100_000, True), (300_000, False)])
+def test_a_nearly_idle_fleets_pool_is_bounded_below_by_what_its_replicas_held(
+        b_turnover: int, held: bool) -> None:
+    """No candidate was seen at a KV usage of 0.05 or more: C held 10,000 tokens at 0.02, so
+    its pool, and B's alike, is at least 200,000 tokens (10,000 / 0.05). B served S's first two
+    blocks 60 s before S and is prefilling a prompt admitted since: held while that prompt
+    leaves room in the pool (100,000 tokens), not when it fills more than the pool (300,000),
+    instead of the 30 s rule of an unsized pool either way."""
+    f = prefix_fleet(b_served_prefix=True, b_predicted=0, p0_at=-60_000.0)
+    f.served("q1", "B", arrive=-50_000.0, queue=0.0, input_tokens=b_turnover)
+    f.served("c0", "C", arrive=-1_000.0, queue=0.0, input_tokens=10_000)
+    f.rows["candidates"].append({**f.rows["candidates"][-1], "replica": "C", **seen(0, 1),
+                                 "kv_usage": 0.02})
+    con = f.store()
+    (b,) = rows(con, "select cached_assumed_tokens, prefix_held_blocks "
+                     "from int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
+    assert b == ({"cached_assumed_tokens": 1000, "prefix_held_blocks": 2} if held
+                 else {"cached_assumed_tokens": 0, "prefix_held_blocks": 0})
+
+
 def test_a_shorter_prefix_served_since_is_held_when_the_longer_one_is_not() -> None:
     """B served three of S's blocks 60 s before S (turned over since) and, 10 s before, a
     prompt sharing only the first: B held one block of four, 500 of S's 2000 tokens. (The

@@ -431,11 +431,17 @@ capacity_seen as (
     -- (from a usage of 0.05: below it both are too small to divide); a replica below that,
     -- nearly or wholly idle, takes the median pool of the decision's candidates that have one
     -- (the replicas a router chooses among serve one model: their pools are alike), not the
-    -- 30 s rule of an unsized pool: an idle replica's cache is what turns over least
+    -- 30 s rule of an unsized pool: an idle replica's cache is what turns over least. When no
+    -- candidate has that much in use, a pool is at least 20 times (1 / 0.05) what a replica
+    -- seen below 0.05 but above 0 held: the largest such bound
     select
         decision_key,
         replica,
-        coalesce(own_pool, min(own_pool) over (partition by decision_key))
+        coalesce(
+            own_pool,
+            min(own_pool) over (partition by decision_key),
+            max(pool_at_least) over (partition by decision_key)
+        )
         - coalesce(held_tokens, 0) as cache_room
     from (
         select
@@ -447,7 +453,13 @@ capacity_seen as (
                     when c.seen_kv_usage >= 0.05
                         then s.true_held_tokens / c.seen_kv_usage
                 end
-            ) as own_pool
+            ) as own_pool,
+            max(
+                case
+                    when c.seen_kv_usage > 0 and c.seen_kv_usage < 0.05
+                        then s.true_held_tokens / 0.05
+                end
+            ) as pool_at_least
         from own_candidates as c
         left join true_state_aggregated as s
             on c.decision_key = s.decision_key
