@@ -45,6 +45,14 @@ DIRTY_DDL: Final = (
 )
 """What each append brought since the last refresh: one row per (batch, trace)."""
 
+RUNS_DUE_TABLE: Final = "routeaudit_runs_due"
+RUNS_DUE_DDL: Final = f"create table if not exists {RUNS_DUE_TABLE} (run_id varchar)"
+"""The runs whose per-run rows (the default-SLO tables of per-run views: ``slo_summary``,
+``calibration``) a slice changed the inputs of, one row each (null: the traffic without a run
+id). A slice marks them in its transaction; :func:`refresh_runs` recomputes their rows and
+deletes the marks in its own, so the verdicts do not wait for a merge over a run's whole
+history (a fleet without run ids is one run that never ends)."""
+
 SKEW_NS: Final = 60 * 10**9
 """How far a host's clock may run ahead of or behind the reference at most: a request's anchor is
 at most this before the raw start of any of its spans, or after it."""
@@ -527,7 +535,7 @@ def _refresh(con: duckdb.DuckDBPyConnection,
         # The keys the slice owns, as stored before and as recomputed.
         _key_sets(con, "old", main, f"anchor_ns >= {t0}")
         _key_sets(con, "new", "temp.main", f"anchor_ns >= {t0}")
-        whole: list[tuple[str, str, str]] = []
+        per_run = False
         for relation, table in _derived_tables(con):
             started = time.perf_counter()
             cols = _columns(con, f"{main}.{table}")
@@ -536,7 +544,7 @@ def _refresh(con: duckdb.DuckDBPyConnection,
             if kind == "whole" and table != relation:
                 if "run_id" not in cols:
                     raise StoreError(f"{table} has no key a slice can own its rows by")
-                whole.append((relation, table, names))
+                per_run = True
                 continue
             grown = ""
             if kind == "part" and relation in GROWING_KEYS:
@@ -553,30 +561,18 @@ def _refresh(con: duckdb.DuckDBPyConnection,
             if on_built is not None:
                 on_built(f"replace {table}", time.perf_counter() - started)
         # A default-SLO table with no rows of its own time (per run over the store: slo_summary,
-        # calibration) gets the rows of the runs the slice touched from its live view over the
-        # stored tables just rewritten; the slice's temporary relations go first, as they would
-        # shadow the stored ones the view reads. Traffic without a run id is one group: its row
-        # is recomputed over the whole store.
-        runs = [r[0] for r in con.execute(
-            "select distinct run_id from (select run_id, request_key from main.requests "
-            "union all select run_id, request_key from temp.main.requests) "
-            "where request_key in (select request_key from _owned_old_requests "
-            "union all select request_key from _owned_new_requests)").fetchall()]
-        touched = " or ".join(
-            (["run_id in (select unnest(?::varchar[]))"] if any(r is not None for r in runs) else [])
-            + (["run_id is null"] if None in runs else [])) or "false"
-        named = [[r for r in runs if r is not None]] if any(r is not None for r in runs) else []
+        # calibration) is recomputed for the runs the slice touched by refresh_runs, after this
+        # transaction: the slice only marks them. Traffic without a run id is one run.
+        if per_run:
+            con.execute(f"insert into {main}.{RUNS_DUE_TABLE} select distinct run_id from ("
+                        "select run_id, request_key from main.requests union all "
+                        "select run_id, request_key from temp.main.requests) as r "
+                        "where request_key in (select request_key from _owned_old_requests "
+                        "union all select request_key from _owned_new_requests) "
+                        f"and not exists (select 1 from {main}.{RUNS_DUE_TABLE} as d "
+                        "where d.run_id is not distinct from r.run_id)")
+        # the slice's temporary relations shadow stored tables the rest writes
         _drop_temp(con)
-        if store_path is not None:
-            # per-run rows are over every partition, closed ones included
-            _closed.install_views(con, store_path)
-        for relation, table, names in whole:
-            started = time.perf_counter()
-            con.execute(f"delete from {main}.{table} where {touched}", named)
-            con.execute(f"insert into {main}.{table} ({names}) select {names} "
-                        f"from {main}.{relation}{_relations.LIVE_SUFFIX} where {touched}", named)
-            if on_built is not None:
-                on_built(f"replace {table}", time.perf_counter() - started)
         if newest_ns is not None:
             _finalise(con, main, parts, int(newest_ns) - parts.lateness_ns)
         con.execute(f"delete from {main}.{DIRTY_TABLE}")
@@ -594,6 +590,50 @@ def _refresh(con: duckdb.DuckDBPyConnection,
             reopened.spans += moved.spans
             reopened.partitions += moved.partitions
     return spans
+
+
+def refresh_runs(con: duckdb.DuckDBPyConnection,
+                 store_path: str | os.PathLike[str] | None = None,
+                 on_built: Callable[[str, float], None] | None = None) -> int:
+    """Recompute the per-run rows of the runs slices marked (:data:`RUNS_DUE_TABLE`) from the
+    live views over the stored tables, closed partitions included (``store_path``), and delete
+    the marks, in one transaction. Returns the runs recomputed (0: none was marked). ``con``: a
+    cursor of its own."""
+    db = con.execute("select current_database()").fetchall()[0][0]
+    main = f'"{db}".main'
+    con.execute("begin transaction")
+    try:
+        runs = [r[0] for r in con.execute(f"select distinct run_id from {main}.{RUNS_DUE_TABLE}")
+                .fetchall()]
+        if not runs:
+            con.execute("rollback")
+            return 0
+        named = [r for r in runs if r is not None]
+        touched = " or ".join((["run_id in (select unnest(?::varchar[]))"] if named else [])
+                              + (["run_id is null"] if None in runs else []))
+        params = [named] if named else []
+        if store_path is not None:
+            # per-run rows are over every partition, closed ones included
+            _closed.install_views(con, store_path)
+        for relation, table in _derived_tables(con):
+            cols = _columns(con, f"{main}.{table}")
+            if table == relation or _ownership(cols) != "whole":
+                continue
+            started = time.perf_counter()
+            names = ", ".join(f'"{c}"' for c in cols)
+            con.execute(f"delete from {main}.{table} where {touched}", params)
+            con.execute(f"insert into {main}.{table} ({names}) select {names} "
+                        f"from {main}.{relation}{_relations.LIVE_SUFFIX} where {touched}", params)
+            if on_built is not None:
+                on_built(f"replace {table}", time.perf_counter() - started)
+        con.execute(f"delete from {main}.{RUNS_DUE_TABLE}")
+        con.execute("commit")
+    except BaseException:
+        con.execute("rollback")
+        raise
+    finally:
+        _drop_temp(con)
+    return len(runs)
 
 
 def _finalise(con: duckdb.DuckDBPyConnection, main: str, parts: Partitioning,

@@ -7,6 +7,7 @@ running collector when there is one, and open the file read-only for one query o
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -174,6 +175,11 @@ class Store:
         self.last_checkpoint_s: float | None = None
         """Seconds the last checkpoint after a slice took (:data:`SLICED_CHECKPOINT_BYTES`), part
         of its refresh's :attr:`last_refresh_s` (None: none has run yet)."""
+        self.last_runs_s: float | None = None
+        """Seconds the last recompute of per-run rows took (None: none has run yet)."""
+        self.last_runs_error: str | None = None
+        """Why the last recompute of per-run rows failed (one line); None once one works."""
+        self._runs_ended = -math.inf
         self._refresh_failures = 0
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
@@ -225,6 +231,10 @@ class Store:
             "select count(*) from information_schema.tables where table_catalog = current_database() "
             "and table_name = ?", [_incremental.DIRTY_TABLE]).fetchall()[0][0])
         self._con.execute(_incremental.DIRTY_DDL)
+        self._con.execute(_incremental.RUNS_DUE_DDL)
+        self.runs_pending = int(self._con.execute(
+            f"select count(*) from {_incremental.RUNS_DUE_TABLE}").fetchall()[0][0])
+        """Runs whose per-run rows (``slo_summary``, ``calibration``) wait for a recompute."""
         self._spans_stored = int(self._con.execute("select count(*) from raw_spans").fetchall()[0][0])
         counted = self._con.execute(
             "select try_cast(value as bigint) from routeaudit_meta where key = 'relations_spans'"
@@ -279,8 +289,9 @@ class Store:
         """Whether rows were appended since the relations were last rebuilt."""
         return self._dirty
 
-    def refresh(self) -> float:
-        """Rebuild the materialised relations from the raw tables; return seconds taken."""
+    def refresh(self, *, paced: bool = False) -> float:
+        """Rebuild the materialised relations from the raw tables; return seconds taken.
+        ``paced``: the per-run rows wait while :data:`RUNS_MAX_SHARE` says so."""
         with self._refresh_lock:
             started = time.perf_counter()
             self._dirty = False
@@ -311,6 +322,10 @@ class Store:
                     spans = _relations.refresh(cur, before_commit=_record_refresh)
                     self.last_refresh_kind = "full"
                     self._full_rebuild_due = False
+                    # every run's rows were rebuilt
+                    cur.execute(f"delete from {_incremental.RUNS_DUE_TABLE}")
+                self.runs_pending = int(cur.execute(
+                    f"select count(*) from {_incremental.RUNS_DUE_TABLE}").fetchall()[0][0])
                 # the horizon first: a reader that sees the relations caught up (the spans
                 # count) sees their newest request too
                 self.final_until_ns, self.newest_request_ns = _incremental.horizon(cur)
@@ -331,6 +346,8 @@ class Store:
                 if self._closes:
                     # a full rebuild or a late row may have re-opened partitions
                     self.closed_until_ns = _closed.closed_until_ns(cur)
+                if self._runs_due(paced):
+                    self._refresh_runs(cur)
                 if self.last_refresh_kind == "slice":
                     self._checkpoint_if_large(cur)
             except BaseException as exc:
@@ -354,6 +371,38 @@ class Store:
                 self._last_refresh = self._clock()
                 self.last_refresh_s = time.perf_counter() - started
             return self.last_refresh_s
+
+    def _runs_due(self, paced: bool) -> bool:
+        if not self.runs_pending:
+            return False
+        if not paced or self.last_runs_s is None or self.last_runs_s <= SYNC_REFRESH_BUDGET_S:
+            return True
+        share = RUNS_MAX_SHARE
+        return self._clock() - self._runs_ended >= self.last_runs_s * (1 - share) / share
+
+    def _refresh_runs(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Recompute the marked runs' rows; a failure leaves the marks for the next refresh
+        (the verdicts committed before stand)."""
+        started = time.perf_counter()
+        try:
+            _incremental.refresh_runs(cur, store_path=self.path if self._closes else None)
+        except duckdb.Error as exc:
+            self.last_runs_error = _one_line(exc) or type(exc).__name__
+        else:
+            self.last_runs_error = None
+            self.runs_pending = 0
+        finally:
+            self.last_runs_s = time.perf_counter() - started
+            self._runs_ended = self._clock()
+
+    def _refresh_runs_now(self) -> None:
+        """:meth:`_refresh_runs` outside a refresh (no new rows to slice)."""
+        with self._refresh_lock:
+            cur = self._con.cursor()
+            try:
+                self._refresh_runs(cur)
+            finally:
+                cur.close()
 
     def _checkpoint_if_large(self, cur: duckdb.DuckDBPyConnection) -> None:
         """Checkpoint once the WAL holds :data:`SLICED_CHECKPOINT_BYTES`, between slices."""
@@ -475,6 +524,8 @@ class Store:
         After a failed refresh only the gap counts (:attr:`last_refresh_error` says why).
         ``for_query`` with :attr:`background_refresh`: the rule in the class docstring."""
         if not self._dirty:
+            if self.runs_pending and self._runs_due(True):
+                self._refresh_runs_now()
             return False
         elapsed = self._clock() - self._last_refresh
         quick = self.last_refresh_s <= SYNC_REFRESH_BUDGET_S and not self._refresh_failures
@@ -484,7 +535,7 @@ class Store:
         else:
             due = quick or elapsed >= self.refresh_gap_s
         if due:
-            self.refresh()
+            self.refresh(paced=True)
             return True
         return False
 
@@ -659,6 +710,8 @@ class Store:
         try:
             if self._dirty and not self._stopping:
                 self.refresh()
+            elif self.runs_pending and not self._stopping:
+                self._refresh_runs_now()
         finally:
             with self._lock:
                 if not self._closed:
@@ -769,6 +822,13 @@ collector refreshing by slices reached :data:`CHECKPOINT_THRESHOLD` every one to
 and the commit that crossed it ran a checkpoint of 4-6 s: verdicts lagged by that much more
 each time. At this size a checkpoint takes about a second and comes every few slices; bulk
 ingest without slices keeps the larger threshold."""
+
+RUNS_MAX_SHARE: Final = 0.1
+"""A refresh the collector paces (:meth:`Store.refresh_if_due`) recomputes the per-run rows the
+slices marked (audit._incremental.refresh_runs) only when the last such recompute took at most
+:data:`SYNC_REFRESH_BUDGET_S` or at most this share of the time since it ended: a run without
+end (a fleet without run ids) merges its whole history, which must not hold every slice's
+verdicts back as the history grows. An explicit :meth:`Store.refresh` always recomputes them."""
 
 
 def _record_refresh(con: duckdb.DuckDBPyConnection, spans: int) -> None:

@@ -21,7 +21,8 @@ For each size it prints:
 4. **one slice refresh timed step by step** through ``audit._incremental.refresh``'s hooks: each
    relation's ``create temp`` over the region, each stored table's delete + insert, the rest by
    difference; every relation over an empty region (the floor); and how many of the region's
-   requests the slice owns (the rest are context, computed and dropped);
+   requests the slice owns (the rest are context, computed and dropped); then the per-run rows
+   of the runs it touched (``refresh_runs``) and the close, each in its own transaction;
 5. on the smaller store also 10 % appended at once, and the ratios of refresh time to new rows
    and to store size.
 
@@ -400,9 +401,12 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
         try:
             bd = timed_slice_refresh(cur, store.path)
             t = time.perf_counter()
+            runs = _incremental.refresh_runs(cur, store.path)
+            bd.stages_after = [(f"recompute the per-run rows ({runs} runs)", time.perf_counter() - t)]
+            t = time.perf_counter()
             moved = _closed.close(cur, store.path, _incremental.horizon(cur)[0])
-            bd.stages_after = [(f"close the partitions passed ({len(moved.partitions)})",
-                                time.perf_counter() - t)]
+            bd.stages_after.append((f"close the partitions passed ({len(moved.partitions)})",
+                                    time.perf_counter() - t))
             res["empty_region_s"] = empty_region_s(cur)
         finally:
             cur.close()

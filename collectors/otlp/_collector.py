@@ -408,6 +408,13 @@ class Collector:
             "last_checkpoint_ms": (round(self._store.last_checkpoint_s * 1000, 1)
                                    if self._store is not None
                                    and self._store.last_checkpoint_s is not None else None),
+            # runs whose per-run rows (slo_summary, calibration) wait for a recompute, and how
+            # long the last one took (in its refresh's too when it ran in one)
+            "runs_pending": self._store.runs_pending if self._store is not None else None,
+            "last_runs_ms": (round(self._store.last_runs_s * 1000, 1)
+                             if self._store is not None and self._store.last_runs_s is not None
+                             else None),
+            "runs_error": self._store.last_runs_error if self._store is not None else None,
             "counters": self.metrics.snapshot(),
         }
 

@@ -64,9 +64,9 @@ def _tiled(copies: int) -> dict[str, pa.Table]:
             "raw_snapshots": snaps}
 
 
-def new_store(path: Path, incremental: bool) -> Store:
-    """An empty store with :data:`SETTINGS`."""
-    store = Store(path, incremental=incremental)
+def new_store(path: Path, incremental: bool | None, **options: Any) -> Store:
+    """An empty store with :data:`SETTINGS` (``options``: the Store's other arguments)."""
+    store = Store(path, incremental=incremental, **options)
     store._con.execute("insert or replace into routeaudit_meta select * from (values "
                        + ", ".join(f"('{k}', '{v}')" for k, v in SETTINGS.items()) + ")")
     return store
