@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -601,12 +602,10 @@ def refresh_runs(con: duckdb.DuckDBPyConnection,
     cursor of its own."""
     db = con.execute("select current_database()").fetchall()[0][0]
     main = f'"{db}".main'
-    con.execute("begin transaction")
-    try:
+    with _transaction(con):
         runs = [r[0] for r in con.execute(f"select distinct run_id from {main}.{RUNS_DUE_TABLE}")
                 .fetchall()]
         if not runs:
-            con.execute("rollback")
             return 0
         named = [r for r in runs if r is not None]
         touched = " or ".join((["run_id in (select unnest(?::varchar[]))"] if named else [])
@@ -627,13 +626,22 @@ def refresh_runs(con: duckdb.DuckDBPyConnection,
             if on_built is not None:
                 on_built(f"replace {table}", time.perf_counter() - started)
         con.execute(f"delete from {main}.{RUNS_DUE_TABLE}")
+    return len(runs)
+
+
+@contextmanager
+def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """A transaction on ``con`` committed when the block ends, rolled back if it raises; the
+    temporary objects made in it are dropped either way."""
+    con.execute("begin transaction")
+    try:
+        yield
         con.execute("commit")
     except BaseException:
         con.execute("rollback")
         raise
     finally:
         _drop_temp(con)
-    return len(runs)
 
 
 def _finalise(con: duckdb.DuckDBPyConnection, main: str, parts: Partitioning,
@@ -751,8 +759,7 @@ def drop_before(con: duckdb.DuckDBPyConnection, *, raw_keep_ns: int | None,
     traffic is not emptied. Raw rows go by their own start (a trace straddling the cut loses
     its older spans); derived rows by the anchor of their request (or their partition, or
     scrape time), the same ownership a slice uses."""
-    con.execute("begin transaction")
-    try:
+    with _transaction(con):
         parts = Partitioning.read(con)
         newest = con.execute("select max(start_ns) from raw_spans").fetchall()[0][0]
         raw_cut = verdict_cut = None
@@ -796,12 +803,6 @@ def drop_before(con: duckdb.DuckDBPyConnection, *, raw_keep_ns: int | None,
                 else:
                     where = _owned(kind, "old", 0, parts)
                 con.execute(f"delete from main.{table} where {where}")
-        con.execute("commit")
-    except BaseException:
-        con.execute("rollback")
-        raise
-    finally:
-        _drop_temp(con)
     return Retained(raw_cut, verdict_cut, spans_deleted, requests_deleted)
 
 
