@@ -22,6 +22,27 @@ def test_no_overload_when_the_request_itself_did_not_queue() -> None:
     assert primary(con, "S")["cause"] == "long_prompt"
 
 
+def test_overload_is_at_most_what_the_request_itself_waited() -> None:
+    """Both replicas are busy: their work present has its first tokens 1900 ms after the
+    decision, the shortest estimated wait. But A admitted S after 200 ms (its scheduler shared
+    the steps): the load cost S 200 ms, not 1900 ms, below the significance bar. Its
+    2500-token prompt is what missed the SLO."""
+    f = Fleet()
+    f.backlog("A", 2)
+    f.backlog("B", 2)
+    f.decision("S", at_ms=100.0, chosen="A", policy="least_load", reason="least_load",
+               candidates=[{"replica": "A", **seen(1, 1)}, {"replica": "B", **seen(1, 1)}])
+    f.served("S", "A", arrive=100.0, queue=200.0, input_tokens=2500)
+    con = f.store()
+    (placed,) = rows(con, "select min_wait_ms from int_attr_requests_placed "
+                          "where request_key = 'k-S'")
+    assert placed["min_wait_ms"] >= 1800.0
+    overload = rows(con, "select excess_ms from attributions "
+                         "where request_id = 'S' and cause = 'overload'")
+    assert all(r["excess_ms"] <= 200.0 for r in overload)
+    assert primary(con, "S")["cause"] == "long_prompt"
+
+
 def test_herding_evidence_counts_this_decisions_unreflected_assignments() -> None:
     f = Fleet()
     f.served("a0", "A", arrive=-20_000.0, queue=0.0, input_tokens=800)

@@ -428,7 +428,13 @@ cause_overload as (
         request_key,
         'overload' as cause,
         cast(null as varchar) as sub_kind,
-        min_wait_ms as excess_ms,
+        -- at most what the load cost this request: its own wait (queued, else estimated, and
+        -- the stretch of its prefill by the work present); an estimate of the best
+        -- placement's wait above what it measurably waited is the estimate's error
+        least(
+            min_wait_ms,
+            coalesce(exec_queue_ms, c_wait_est_ms) + coalesce(exec_load_stretch_ms, 0.0)
+        ) as excess_ms,
         0.7 as base_confidence,
         printf(
             'every eligible candidate was busy: the shortest estimated wait was %.0f ms (%s) '
