@@ -29,12 +29,17 @@ if TYPE_CHECKING:
 
 META_TABLE: Final = "routeaudit_meta"
 DEFAULT_MASTER: Final = "local[2]"
-SHORT_RUN_JAVA_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SHORT_RUN_JAVA_OPTIONS: Final = ("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC "
+                                 "-XX:ReservedCodeCacheSize=256m")
 """Driver JVM options for a short local run (a test, a run of tens of thousands of requests):
 the C1 compiler only, and the serial collector. Over the 20,000-request generated run at
 ``local[2]`` the JVM's CPU time fell from 285 s to 215 s: with the default tiered compilation
 the C2 compiler threads alone took 115 s of it, compiling code the run then barely uses, and G1's
-concurrent threads 41 s (docs/scale-out.md)."""
+concurrent threads 41 s (docs/scale-out.md). With C1 alone the JVM reserves only 48 MB for
+compiled code, which one build of every relation fills (the classes Spark generates per query
+are compiled too): the JVM then stops compiling ("CodeCache is full. Compiler has been
+disabled") and runs the rest interpreted; a second build in the same JVM (the tests build the
+sample data, then the generated run) ran mostly so. 256 MB holds both builds' code."""
 
 
 def session(master: str = DEFAULT_MASTER, *, shuffle_partitions: int = 4,

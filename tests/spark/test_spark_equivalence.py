@@ -109,10 +109,15 @@ def build_on_spark(store: Path, root: Path, public: Collection[str],
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """(the DuckDB sample store, the Spark path's output folder), built once per module."""
+def paths(tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[tuple[Path, Path]]:
+    """(the DuckDB sample store, the Spark path's output folder), built once per module. The
+    generated run of ``test_spark_generated.py``, when it is to run too, is started first and
+    made while this builds (conftest.py)."""
     from routeaudit._demo import write_sample_store
+    from tests.spark.conftest import start_generated_run_if_wanted
 
+    start_generated_run_if_wanted(request)
     root = tmp_path_factory.mktemp("spark")
     store = write_sample_store(root / "sample.duckdb")
     yield store, build_on_spark(store, root, PROVEN, INTERNAL)
