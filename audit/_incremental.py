@@ -464,12 +464,10 @@ def _refresh(con: duckdb.DuckDBPyConnection,
     db = con.execute("select current_database()").fetchall()[0][0]
     main = f'"{db}".main'
     moved = _closed.Moved()
-    con.execute("begin transaction")
-    try:
+    with _transaction(con):
         parts = Partitioning.read(con)
         pl = plan(con, parts, assumed_skew(con, parts) if skew_ns is None else skew_ns)
         if pl is None:
-            con.execute("rollback")
             return None
         if store_path is not None:
             pl = _reopen_reached(con, store_path, parts, pl, moved)
@@ -579,12 +577,6 @@ def _refresh(con: duckdb.DuckDBPyConnection,
         con.execute(f"delete from {main}.{DIRTY_TABLE}")
         if before_commit is not None:
             before_commit(con, spans)
-        con.execute("commit")
-    except BaseException:
-        con.execute("rollback")
-        raise
-    finally:
-        _drop_temp(con)
     if store_path is not None and moved.partitions:
         _closed.forget(store_path, moved, _closed.closed_until(con), parts.partition_ns)
         if reopened is not None:
