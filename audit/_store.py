@@ -524,7 +524,7 @@ class Store:
         After a failed refresh only the gap counts (:attr:`last_refresh_error` says why).
         ``for_query`` with :attr:`background_refresh`: the rule in the class docstring."""
         if not self._dirty:
-            if self.runs_pending and self._runs_due(True):
+            if self.runs_pending and not self._stopping and self._runs_due(True):
                 self._refresh_runs_now()
             return False
         elapsed = self._clock() - self._last_refresh
