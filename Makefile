@@ -46,11 +46,11 @@ FUZZ_SECONDS ?= 45
 fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) PYTHON=$(PYTHON) sh fuzz/run.sh
 
-# Setup, then every check (-k: all three report before make stops), a short fuzz run (each harness
-# starts from its committed corpus; `make fuzz` runs longer), then the tests in two xdist workers
-# (tests/spark is one xdist_group: one worker, one JVM), the slowest listed.
+# Setup, then every check and a short fuzz run side by side (-k: each reports before make stops;
+# the fuzzers run one at a time, each starting from its committed corpus; `make fuzz` runs
+# longer), then the tests in two xdist workers (tests/spark is one xdist_group: one worker, one
+# JVM), the slowest listed.
 TEST_FUZZ_SECONDS ?= 12
 test: setup-test
-	$(MAKE) --no-print-directory -k lint
-	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target lint fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 	$(PYTHON) -m pytest -n 2 --dist loadgroup --durations=30
