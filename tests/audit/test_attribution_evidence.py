@@ -73,6 +73,27 @@ def test_a_prefix_an_execution_still_running_there_prefilled_is_held() -> None:
         "misrouting", "cache_blind")
 
 
+def _b_after_turnover(b_turnover: int, c_kv_usage: float) -> dict[str, object]:
+    """S's cache on B, idle (no KV usage to size its pool), which served S's first two blocks
+    60 s before S and, 50 s before, ``b_turnover`` tokens of another prompt (none at 0); C,
+    another candidate, held 10,000 tokens at ``c_kv_usage`` as the router saw it."""
+    f = prefix_fleet(b_served_prefix=True, b_predicted=0, p0_at=-60_000.0)
+    if b_turnover:
+        f.served("q1", "B", arrive=-50_000.0, queue=0.0, input_tokens=b_turnover)
+    f.served("c0", "C", arrive=-1_000.0, queue=0.0, input_tokens=10_000)
+    f.rows["candidates"].append({**f.rows["candidates"][-1], "replica": "C", **seen(0, 1),
+                                 "kv_usage": c_kv_usage})
+    (b,) = rows(f.store(), "select cached_assumed_tokens, prefix_held_blocks from "
+                           "int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
+    return b
+
+
+def _b_held(held: bool) -> dict[str, int]:
+    """B's row when it held S's two served blocks (1,000 of S's tokens), and when it did not."""
+    return ({"cached_assumed_tokens": 1000, "prefix_held_blocks": 2} if held
+            else {"cached_assumed_tokens": 0, "prefix_held_blocks": 0})
+
+
 @pytest.mark.parametrize(("b_turnover", "held"), [(0, True), (30_000, False)])
 def test_an_idle_alternatives_pool_is_sized_from_the_decisions_other_candidates(
         b_turnover: int, held: bool) -> None:
@@ -81,17 +102,7 @@ def test_an_idle_alternatives_pool_is_sized_from_the_decisions_other_candidates(
     20,000 tokens. Sized so, B's cache held the prefix when it allocated nothing since
     (instead of the 30 s rule of an unsized pool), and not when it allocated 30,000 tokens of
     other prompts since, more than its 20,000-token room."""
-    f = prefix_fleet(b_served_prefix=True, b_predicted=0, p0_at=-60_000.0)
-    if b_turnover:
-        f.served("q1", "B", arrive=-50_000.0, queue=0.0, input_tokens=b_turnover)
-    f.served("c0", "C", arrive=-1_000.0, queue=0.0, input_tokens=10_000)
-    f.rows["candidates"].append({**f.rows["candidates"][-1], "replica": "C", **seen(0, 1),
-                                 "kv_usage": 0.5})
-    con = f.store()
-    (b,) = rows(con, "select cached_assumed_tokens, prefix_held_blocks "
-                     "from int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
-    assert b == ({"cached_assumed_tokens": 1000, "prefix_held_blocks": 2} if held
-                 else {"cached_assumed_tokens": 0, "prefix_held_blocks": 0})
+    assert _b_after_turnover(b_turnover, c_kv_usage=0.5) == _b_held(held)
 
 
 @pytest.mark.parametrize(("b_turnover", "held"), [(100_000, True), (300_000, False)])
@@ -102,16 +113,7 @@ def test_a_nearly_idle_fleets_pool_is_bounded_below_by_what_its_replicas_held(
     blocks 60 s before S and is prefilling a prompt admitted since: held while that prompt
     leaves room in the pool (100,000 tokens), not when it fills more than the pool (300,000),
     instead of the 30 s rule of an unsized pool either way."""
-    f = prefix_fleet(b_served_prefix=True, b_predicted=0, p0_at=-60_000.0)
-    f.served("q1", "B", arrive=-50_000.0, queue=0.0, input_tokens=b_turnover)
-    f.served("c0", "C", arrive=-1_000.0, queue=0.0, input_tokens=10_000)
-    f.rows["candidates"].append({**f.rows["candidates"][-1], "replica": "C", **seen(0, 1),
-                                 "kv_usage": 0.02})
-    con = f.store()
-    (b,) = rows(con, "select cached_assumed_tokens, prefix_held_blocks "
-                     "from int_attr_candidates_estimated where request_key = 'k-S' and replica = 'B'")
-    assert b == ({"cached_assumed_tokens": 1000, "prefix_held_blocks": 2} if held
-                 else {"cached_assumed_tokens": 0, "prefix_held_blocks": 0})
+    assert _b_after_turnover(b_turnover, c_kv_usage=0.02) == _b_held(held)
 
 
 def test_a_shorter_prefix_served_since_is_held_when_the_longer_one_is_not() -> None:
