@@ -38,8 +38,8 @@ the C2 compiler threads alone took 115 s of it, compiling code the run then bare
 concurrent threads 41 s (docs/scale-out.md). With C1 alone the JVM reserves only 48 MB for
 compiled code, which one build of every relation fills (the classes Spark generates per query
 are compiled too): the JVM then stops compiling ("CodeCache is full. Compiler has been
-disabled") and runs the rest interpreted; a second build in the same JVM (the tests build the
-sample data, then the generated run) ran mostly so. 256 MB holds both builds' code."""
+disabled") and runs the rest interpreted; a second build in the same JVM (the sample data,
+then a generated run of 20,000 requests) ran mostly so. 256 MB holds both builds' code."""
 
 
 def session(master: str = DEFAULT_MASTER, *, shuffle_partitions: int = 4,
