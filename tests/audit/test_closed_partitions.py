@@ -20,12 +20,13 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from polars.testing import assert_frame_equal
-from tiled_sample import batches, new_store, relation_rows, tiled_sample
+from tiled_sample import SETTINGS, batches, new_store, relation_rows, tiled_sample
 
 import audit
 from audit import _closed, _incremental, _relations, queries
 from audit._store import Store
 from audit.queries import _common
+from audit.queries._common import _unix_ns
 
 COPIES = 6
 BATCHES = 5
@@ -54,6 +55,40 @@ def _late_request(raw: dict[str, pa.Table]) -> dict[str, pa.Table]:
     return {"spans": spans, "events": events, "snapshots": raw["raw_snapshots"].slice(0, 0)}
 
 
+STRADDLE_NS = 2_000_000
+"""How much later than its request's start the straddling request's replica span starts."""
+
+
+def _with_straddling_request(raw: dict[str, pa.Table], partition_ns: int) -> dict[str, pa.Table]:
+    """``raw`` and one more request (a copy of one under new ids) that starts 1 ms before the
+    end of the first partition, its replica span 2 ms after that: in the next partition, as
+    a replica's spans are when the router forwards a request just before a partition ends."""
+    con = duckdb.connect()
+    try:
+        con.register("s", raw["raw_spans"])
+        con.register("e", raw["raw_span_events"])
+        trace, start = con.execute(
+            "select trace_id, start_ns from s where a_component = 'client' "
+            "order by start_ns, trace_id limit 1 offset 20").fetchall()[0]
+        t0 = con.execute("select min(start_ns) from s").fetchall()[0][0]
+        shift = (t0 // partition_ns + 1) * partition_ns - 1_000_000 - start
+        extra = f"(case when a_component = 'replica' then {STRADDLE_NS} else 0 end)"
+        con.execute(f"create table k as select span_id, {shift} + {extra} as d from s "
+                    "where trace_id = ?", [trace])
+        spans = con.sql(
+            "select s.* replace (md5(trace_id || '-straddling') as trace_id, "
+            "a_request_id || '-straddling' as a_request_id, start_ns + k.d as start_ns, "
+            "end_ns + k.d as end_ns, received_ns + k.d as received_ns, "
+            "a_decision_time_ns + k.d as a_decision_time_ns) "
+            "from s join k using (span_id) where trace_id = ?", params=[trace]).to_arrow_table()
+        events = con.sql(
+            "select e.* replace (md5(trace_id || '-straddling') as trace_id, "
+            "time_ns + k.d as time_ns, c_telemetry_ts_ns + k.d as c_telemetry_ts_ns) "
+            "from e join k using (span_id) where trace_id = ?", params=[trace]).to_arrow_table()
+    finally:
+        con.close()
+    return {**raw, "raw_spans": pa.concat_tables([raw["raw_spans"], spans]),
+            "raw_span_events": pa.concat_tables([raw["raw_span_events"], events])}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +96,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     patch = pytest.MonkeyPatch()
     patch.setattr(_relations, "CACHE_MIN_SPANS", 0)
     d = tmp_path_factory.mktemp("closed")
-    raw = tiled_sample(COPIES)
+    raw = _with_straddling_request(tiled_sample(COPIES), int(SETTINGS["partition_s"]) * 10**9)
     late = _late_request(raw)
     one = new_store(d / "one.duckdb", incremental=False)
     one.append(spans=raw["raw_spans"], events=raw["raw_span_events"], snapshots=raw["raw_snapshots"])
@@ -662,3 +697,29 @@ def test_the_drill_down_given_the_request_id_and_the_relations_runs_one_query_ea
         assert counting.queries == 1 and got.height > 0
         assert_frame_equal(_sorted(queries.request_spans(_Reads(one), key)), _sorted(got))
     assert attributed > 0
+
+
+def test_a_request_near_its_partitions_end_reads_its_spans_of_the_next(
+        built: dict[str, Any]) -> None:
+    """The window's upper margin: the straddling request's replica span, closed in the partition
+    after its request's, is read through the window of the request's start alone (the
+    drill-down's), as the one-shot store gives it."""
+    one, inc = built["one"], built["inc"]
+    parts = _incremental.Partitioning.read(inc._con)
+    until = _closed.closed_until(inc._con)
+    assert until is not None
+    w = parts.partition_ns
+    reader = _Reads(inc)
+    row = reader.query("select request_key, first_seen_at, part from requests "
+                       "where request_id like '%-straddling'")
+    assert row.height == 1
+    key, at, part = str(row["request_key"][0]), row["first_seen_at"][0], int(row["part"][0])
+    # both partitions are closed, and the window of ``at`` alone ends in the first
+    assert part + 1 < until and _unix_ns(at) // w == part
+    raw = pl.read_parquet(_closed.folder(inc.path) / "raw_spans" / f"part={part + 1}")
+    replica = raw.filter(pl.col("a_request_id").str.ends_with("-straddling"))
+    assert replica["a_component"].to_list() == ["replica"]
+    want = queries.request_spans(_Reads(one), key)
+    got = queries.request_spans(reader, key, at=at)
+    assert replica["span_id"][0] in got["span_id"].to_list()
+    assert_frame_equal(_sorted(want), _sorted(got))
