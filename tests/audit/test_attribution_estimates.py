@@ -95,3 +95,33 @@ def test_a_prefill_sharing_steps_with_the_work_present_is_that_works_wait() -> N
     p = primary(con, "S")
     assert p["cause"] == "misrouting"
     assert p["excess_ms"] == pytest.approx(1450.0, abs=1.0)
+
+
+def test_an_evictions_saving_is_the_prefill_of_the_missing_tokens_alone() -> None:
+    """The router predicted 1500 of E's 2500 tokens cached on A (p0 had served that prefix
+    there); A held none at E's prefill, which ran alone: 2500 ms. Had the cache held them, the
+    prefill would have been 1500 ms shorter, the missing tokens at the prompt-alone speed (the
+    idle fit, 1 ms/token). The fit over every prefill (shared steps included, near 1.4 ms/token)
+    put them near 2100 ms, more than E's prefill held beside the 1000 ms it needed anyway."""
+    f = calibrated_fleet()
+    f.served("p0", "A", arrive=-10_000.0, queue=0.0, input_tokens=900)
+    f.decision("p0", at_ms=-10_000.0, chosen="A")
+    f.prefixes.append(("p0", ["h1", "h2", "h3"]))
+    f.prefixes.append(("E", ["h1", "h2", "h3", "h4", "h5"]))
+    f.decision("E", at_ms=0.0, chosen="A", policy="round_robin", reason="round_robin",
+               candidates=[
+                   {"replica": "A", "predicted_cached_tokens": 1500, **seen(0, 0)},
+                   {"replica": "B", "predicted_cached_tokens": 0, **seen(0, 0)},
+               ])
+    f.served("E", "A", arrive=5.0, queue=0.0, input_tokens=2500, cached=0)
+    f.rows["requests"][-1]["predicted_cached_tokens"] = 1500
+    con = f.store()
+    (fleet,) = rows(con, "select fleet_prefill_ms_per_token from int_attr_requests_placed "
+                         "where request_key = 'k-E'")
+    assert fleet["fleet_prefill_ms_per_token"] > 1.3  # the slope over every prefill
+    p = primary(con, "E")
+    assert (p["cause"], p["sub_kind"]) == ("eviction", "evicted_after_decision")
+    # (the idle fit learns its points at the median replica's speed: within 1 %)
+    assert p["excess_ms"] == pytest.approx(1500.0, rel=0.01)
+    assert "1500 extra tokens, " in p["evidence"]
+    assert " ms to prefill alone after the 0 held" in p["evidence"]

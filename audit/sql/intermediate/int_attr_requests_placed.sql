@@ -565,6 +565,11 @@ final as (
         + r.idle_attn_ms_per_token2 * (r.input_tokens - r.ideal_cached_tokens)
         * (r.ideal_cached_tokens + (r.input_tokens - r.ideal_cached_tokens) / 2.0)
             as ideal_prefill_ms,
+        -- the idle fit's per-token and attention terms (the prompt alone; without an idle fit
+        -- in the window, the fleet reference slope and no attention term): what recomputing
+        -- tokens a cache did not hold costs (attributions, eviction)
+        r.idle_ms_per_token as idle_prefill_ms_per_token,
+        r.idle_attn_ms_per_token2 as idle_prefill_attn_ms_per_token2,
         c.replica as chosen_replica,
         c.evidence_source,
         c.seen_waiting as c_seen_waiting,

@@ -100,18 +100,9 @@ speed_judged as (
     cross join thresholds as t
 ),
 
-eviction_sized as (
+eviction_counted as (
     select
         s.*,
-        -- recomputing a token costs the fleet's reference ms/token, or, on a slow replica,
-        -- that at its speed (per-replica fits differ by noise; only a slow replica is
-        -- treated as different)
-        coalesce(
-            s.fleet_prefill_ms_per_token / s.c_slow_speed,
-            s.fleet_prefill_ms_per_token,
-            s.c_prefill_ms_per_token,
-            0.0
-        ) as c_nominal_ms_per_token,
         case
             when s.predicted_cached - coalesce(s.actual_cached, 0)
                 >= t.cache_tolerance_tokens
@@ -123,17 +114,37 @@ eviction_sized as (
     cross join thresholds as t
 ),
 
+eviction_sized as (
+    -- what the prefill of the evicted tokens cost: those tokens alone, after the prefix the
+    -- replica did hold (the idle fit's per-token and attention terms, as every prefill
+    -- estimate; no intercept: the prefill ran anyway), at the fleet's speed or, on a slow
+    -- replica, at its own (per-replica measures differ by noise; only a slow replica is
+    -- treated as different). A fit over every prefill learns steps shared with other work and
+    -- overstates it
+    select
+        s.*,
+        (
+            coalesce(
+                s.idle_prefill_ms_per_token, s.fleet_prefill_ms_per_token,
+                s.c_prefill_ms_per_token, 0.0
+            )
+            * s.evicted_tokens
+            + coalesce(s.idle_prefill_attn_ms_per_token2, 0.0) * s.evicted_tokens
+            * (coalesce(s.actual_cached, 0) + s.evicted_tokens / 2.0)
+        ) / coalesce(s.c_slow_speed, 1.0) as eviction_ms
+    from eviction_counted as s
+),
+
 compared as (
     select
         s.*,
-        s.evicted_tokens * s.c_nominal_ms_per_token as eviction_ms,
         -- what choosing the best alternative would have saved, beyond the eviction
         s.actual_replica_ttft_ms
-        - s.evicted_tokens * s.c_nominal_ms_per_token
+        - s.eviction_ms
         - s.a_ttft_est_ms as saving_ms,
         -- what the policy's own choice on the true state would have saved
         s.actual_replica_ttft_ms
-        - s.evicted_tokens * s.c_nominal_ms_per_token
+        - s.eviction_ms
         - s.policy_true_ttft_est_ms as stale_saving_ms,
         -- load = waiting + running (+ pending assignments the router knew of)
         s.c_seen_waiting + coalesce(s.c_seen_running, 0)
@@ -213,7 +224,7 @@ judged as (
         -- (the prefill's stretch by the work present is the wait's)
         coalesce(s.exec_queue_ms, 0) + coalesce(s.exec_load_stretch_ms, 0) - s.a_wait_est_ms
         >= coalesce(s.exec_prefill_ms, 0) - coalesce(s.exec_load_stretch_ms, 0)
-        - s.evicted_tokens * s.c_nominal_ms_per_token
+        - s.eviction_ms
         - s.a_prefill_est_ms - t.estimate_tolerance_ms as wait_decided,
         -- the policy weighs replica load (docs/attribution.md lists them)
         coalesce(
@@ -227,7 +238,7 @@ judged as (
         coalesce(s.a_cached_tokens, 0)
         >= coalesce(s.actual_cached, 0) + t.cache_tolerance_tokens as alt_held_prefix,
         least(
-            s.actual_replica_ttft_ms - s.evicted_tokens * s.c_nominal_ms_per_token,
+            s.actual_replica_ttft_ms - s.eviction_ms,
             coalesce(s.a_ttft_est_ms, cast('infinity' as double))
         ) as best_available_ms,
         s.ttft_ms - s.replica_ttft_ms as client_gap_ms
@@ -385,12 +396,14 @@ cause_eviction as (
             else 0.4
         end as base_confidence,
         printf(
-            'router predicted %d cached tokens on %s; replica reported %d at prefill: %d extra tokens x %.3f ms/token',
+            'router predicted %d cached tokens on %s; replica reported %d at prefill: %d extra tokens, '
+            || '%.0f ms to prefill alone after the %d held',
             predicted_cached,
             chosen_replica,
             coalesce(actual_cached, 0),
             evicted_tokens,
-            c_nominal_ms_per_token
+            eviction_ms,
+            coalesce(actual_cached, 0)
         )
         || case
             when has_prefix_hashes and prefix_last_served_at is not null
