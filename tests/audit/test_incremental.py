@@ -18,7 +18,7 @@ from tiled_sample import batches, new_store, relation_rows, tiled_sample
 from audit import _relations
 from audit._store import Store
 
-BATCHES = 10
+BATCHES = 6
 
 COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attributes", "slo_targets"}]
 

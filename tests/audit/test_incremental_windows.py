@@ -24,6 +24,7 @@ from audit._store import Store
 SETTINGS = {"partition_s": "240", "window_partitions": "2", "lateness_s": "5",
             "max_request_s": "60"}
 COPIES = 6
+BATCHES = 11
 AHEAD_NS = 15 * 10**9
 COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attributes", "slo_targets"}]
 WINDOWED = ["int_clock_offsets", "int_clock_bounds_per_domain_pair", "int_clock_domain_spans",
@@ -96,7 +97,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
                snapshots=raw["raw_snapshots"])
     one.refresh()
     inc = _store(d / "inc.duckdb", incremental=True)
-    for batch in batches(raw, seed=5):
+    for batch in batches(raw, seed=5, batches=BATCHES):
         inc.append(spans=batch["spans"], events=batch["events"], snapshots=batch["snapshots"])
         inc.refresh()
     try:

@@ -172,7 +172,7 @@ def test_a_scope_gives_the_same_live_rows(sample_store: Path) -> None:
             con.execute(f"reset variable {threshold}")
     # one request: every cause of each request explained, plus requests that are not slow
     picked = [r[0] for r in con.sql(
-        "(select distinct request_id from attributions__live order by 1 limit 30) "
+        "(select distinct request_id from attributions__live order by 1 limit 12) "
         "union all (select request_id from requests order by request_id limit 3)").fetchall()]
     for request in picked:
         want = _rows(con, f"select * from attributions__live where request_id = '{request}'")
