@@ -29,6 +29,13 @@ Like with like:
   scenario; higher SLOs shrink every fault's support (stale_telemetry in its own scenario: ~83
   at 2 s, 51 at 3 s, 22 at 5 s) while long prompts no longer swamp a 2 s SLO because only
   their part above it is charged.
+* Measured routing savings. The ground truth is labelled with
+  ``LabelConfig.measured_routing`` on: where its cost model's estimate decides the label (a
+  slow request on a slow replica, whose routing savings compete with slow_replica sized from
+  the measured TTFT, or a modelled routing saving above the whole TTFT), the request's TTFT on
+  every other replica is measured by re-running the simulation with it forced there, to its
+  first token (docs/testbed.md, "Labelling rules"). That is most of the time spent labelling
+  ("label" in the timings); ``--modelled-routing`` turns it off.
 * Causes. The ground truth knows misrouting, eviction, stale_telemetry (sub-cause herding),
   overload, slow_replica, long_prompt, none. The audit's stale_telemetry (sub-kind herding or
   stale_view) is compared as stale_telemetry; its ``unknown`` (slow, complete trace, no cause
@@ -135,16 +142,20 @@ def replay(scenario: str, workdir: Path, n_requests: int, seed: int, reuse: bool
     return db, gt, elapsed
 
 
-def relabel(scenario: str, gt: Path, n_requests: int, seed: int, ttft_slo_ms: float) -> None:
+def relabel(scenario: str, gt: Path, n_requests: int, seed: int, ttft_slo_ms: float,
+            measured_routing: bool = True) -> None:
     """Write the ground truth of ``scenario`` labelled with the current rules and
     ``ttft_slo_ms``: the simulation is re-run without an emitter (deterministic: same request
-    ids, same TTFTs as the replayed store); only the labels depend on the SLO."""
+    ids, same TTFTs as the replayed store); only the labels depend on the SLO.
+    ``measured_routing``: ``LabelConfig.measured_routing`` (the routing savings measured by
+    forced re-runs where the cost model decides the label)."""
     import testbed
     from testbed._groundtruth import write_ground_truth
 
     sim = testbed.prepare_scenario(scenario, seed=seed, n_requests=n_requests, progress=False)
     sim.cfg = dataclasses.replace(
-        sim.cfg, labels=dataclasses.replace(sim.cfg.labels, ttft_slo_ms=float(ttft_slo_ms)))
+        sim.cfg, labels=dataclasses.replace(sim.cfg.labels, ttft_slo_ms=float(ttft_slo_ms),
+                                            measured_routing=measured_routing))
     sim.run()
     write_ground_truth(sim.ground_truth_rows(), gt)
 
@@ -456,6 +467,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="reuse stores in --workdir made with the same scenario/requests/seed")
     ap.add_argument("--ttft-slo-ms", type=float, default=None,
                     help="TTFT SLO for both sides (default: the scenario's LabelConfig, 2000)")
+    ap.add_argument("--modelled-routing", action="store_true",
+                    help="label the ground truth with LabelConfig.measured_routing off: every "
+                         "routing saving from the cost model (default: measured by forced "
+                         "re-runs where the cost model decides the label)")
     ap.add_argument("--no-determinism", action="store_true",
                     help="skip rebuilding each store from its raw rows in another order to "
                          "compare every primary verdict")
@@ -482,13 +497,15 @@ def main(argv: list[str] | None = None) -> int:
             slo = aligned_slo(scenario, args.ttft_slo_ms)
             db, gt, replay_s = replay(scenario, workdir, args.requests, args.seed, args.reuse)
             t = time.perf_counter()
-            relabel(scenario, gt, args.requests, args.seed, slo.ttft_ms)
-            replay_s += time.perf_counter() - t
+            relabel(scenario, gt, args.requests, args.seed, slo.ttft_ms,
+                    measured_routing=not args.modelled_routing)
+            label_s = time.perf_counter() - t
             audit, refresh_s, query_s = audit_primary(db, slo)
             truth = load_truth(gt, label_config(scenario))
             df = joined(audit, truth).with_columns(pl.lit(scenario).alias("scenario"))
             frames.append(df)
-            timings = {"replay": replay_s, "refresh": refresh_s, "query": query_s}
+            timings = {"replay": replay_s, "label": label_s, "refresh": refresh_s,
+                       "query": query_s}
             block = report(f"{scenario} (TTFT SLO {slo.ttft_ms:.0f} ms, no TPOT target)",
                            df, timings)
             if args.wrong:

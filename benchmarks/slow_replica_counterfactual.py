@@ -1,25 +1,29 @@
 """Routing savings on a slow replica, measured instead of modelled (docs/attribution.md,
 "Accuracy").
 
-The ground truth sizes misrouting and stale_telemetry with its cost model on the true state
-(chosen replica's estimate minus the alternative's) and slow_replica from the measured TTFT
-(TTFT x (1 - speed)); the audit sizes the routing causes from the measured TTFT and its estimate
-of the alternative. On a slow replica the two sides then disagree where the cost model misjudges
-the chosen replica. This benchmark measures the routing savings: for every slow request served
-by a replica slower than ``LabelConfig.slow_replica_speed``, it re-runs the scenario's
-simulation (same seed: only that request's routing changes) with the request forced onto each
-replica in turn, and takes the measured TTFTs as the alternatives'. The measured verdict applies
-the ground truth's own rules (docs/testbed.md, "Labelling rules") to those savings:
-stale_telemetry = TTFT - TTFT on the policy's true-state choice, when that differs from the
-chosen replica and passes the bar, misrouting = the rest down to the best replica, slow_replica
-= TTFT x (1 - speed), the other causes as the ground truth sized them. It prints how often that
-verdict agrees with the ground truth and with the audit, and the verdicts where they disagree.
+The ground truth sizes slow_replica from the measured TTFT (TTFT x (1 - speed)) and, unless
+``LabelConfig.measured_routing`` is on, misrouting and stale_telemetry with its cost model on
+the true state (chosen replica's estimate minus the alternative's); the audit sizes the routing
+causes from the measured TTFT and its estimate of the alternative. This benchmark measures the
+routing savings: for every slow request served by a replica slower than
+``LabelConfig.slow_replica_speed``, it re-runs the scenario's simulation (same seed: only that
+request's routing changes) with the request forced onto each replica in turn
+(``Simulation.forced_ttft_ms``, each run stopped at the request's first token), and takes the
+measured TTFTs as the alternatives'. The measured verdict applies the ground truth's own rules
+(docs/testbed.md, "Labelling rules") to those savings: stale_telemetry = TTFT - TTFT on the
+policy's true-load choice, when that differs from the chosen replica and passes the bar,
+misrouting = the rest down to the best replica, slow_replica = TTFT x (1 - speed), the other
+causes as the ground truth sized them. It prints how often that verdict agrees with the ground
+truth and with the audit, and the verdicts where they disagree. Against a ground truth labelled
+with ``measured_routing`` (the accuracy benchmark's default) the ground truth agrees with every
+measured verdict, a check of the two implementations; against one labelled with
+``--modelled-routing`` it shows where the cost model decided the label.
 
     python3 benchmarks/attribution_accuracy.py --workdir DIR --scenarios slow_replica,mixed \
-        --dump DIR/dump.parquet
+        --dump DIR/dump.parquet [--modelled-routing]
     python3 benchmarks/slow_replica_counterfactual.py --workdir DIR --dump DIR/dump.parquet
 
-About 0.35 s per simulation, one per replica per request (some 90 requests, 4 minutes).
+One simulation per replica per request (some 90 requests, a few minutes).
 """
 
 from __future__ import annotations
@@ -40,27 +44,6 @@ CAUSES = ("misrouting", "eviction", "stale_telemetry", "overload", "slow_replica
 """The ground truth's causes in its tie-break order (testbed._groundtruth.CAUSES)."""
 
 
-class _Forced:
-    """A router policy that decides as the original, except for one request: routed to
-    ``replica`` (an index into the candidates, which list every replica in order)."""
-
-    def __init__(self, policy: Any, request_id: str, replica: int) -> None:
-        self._policy = policy
-        self._request_id = request_id
-        self._replica = replica
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
-
-    def decide(self, rv: Any, views: Any, rng: Any) -> Any:
-        from testbed.policies._base import Choice
-
-        choice = self._policy.decide(rv, views, rng)
-        if rv.request_id == self._request_id:
-            return Choice(self._replica, "forced", choice.scores)
-        return choice
-
-
 def routed_ttft_ms(scenario: str, seed: int, n_requests: int, request_id: str,
                    replica: int) -> float | None:
     """The request's TTFT (arrival -> first token) when the scenario is re-run with it routed
@@ -68,14 +51,7 @@ def routed_ttft_ms(scenario: str, seed: int, n_requests: int, request_id: str,
     import testbed
 
     sim = testbed.prepare_scenario(scenario, seed=seed, n_requests=n_requests, progress=False)
-    sim.ground_truth = False  # the labels are not needed, the run is the same
-    for rt in sim.routers:
-        rt.policy = _Forced(rt.policy, request_id, replica)
-    sim.run()
-    rec = next(r for r in sim.records if r.req.request_id == request_id)
-    if rec.seq is None or rec.seq.t_first_token is None:
-        return None
-    return float((rec.seq.t_first_token - rec.req.arrival_s) * 1000.0)
+    return sim.forced_ttft_ms(request_id, replica)
 
 
 def primary(savings: dict[str, float], bar_ms: float) -> str:

@@ -168,6 +168,12 @@ class LabelConfig:
         16, "eviction only when predicted - reused cached tokens is at least this (one KV block)"
     )
     slow_replica_speed: float = _f(0.9, "a replica with speed below this counts as slow")
+    measured_routing: bool = _f(
+        False, "measure stale_telemetry and misrouting instead of modelling them where the cost "
+        "model decides the label (a slow request on a slow replica, or a modelled routing "
+        "saving above the TTFT): re-run the simulation with the request forced onto each other "
+        "replica, to its first token"
+    )
 
 
 @dataclass(frozen=True, slots=True)

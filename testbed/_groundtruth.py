@@ -1,9 +1,12 @@
 """Ground-truth labels from the simulator's true state (rules in docs/testbed.md).
 
 Counterfactual TTFTs (what another replica would have given) are estimates: the cost model's
-Q+P on the *true* state at decision time (true backlog, true cache, true speed). Actual TTFT is
-measured. Each cause gets an attributed number of milliseconds; a cause is assigned when the
-request is slow and its share is significant; the primary cause is the largest share.
+Q+P on the *true* state at decision time (true backlog, true cache, true speed); with
+``LabelConfig.measured_routing``, where that estimate decides the label (a slow request on a slow
+replica, or a modelled routing saving above the TTFT), they are measured by re-running the
+simulation with the request forced onto each other replica. Actual TTFT is measured. Each
+cause gets an attributed number of milliseconds; a cause is assigned when the request is slow
+and its share is significant; the primary cause is the largest share.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
 
     One principle for every cause: its ms are a counterfactual saving, how much lower the TTFT
     would have been had that cause been absent, estimated on the simulator's true state at the
-    decision (cost model Q+P, true backlog, true cache, true speed). The primary cause is the
-    counted cause with the largest saving.
+    decision (cost model Q+P, true backlog, true cache, true speed), or for the routing causes
+    measured by forced re-runs (``LabelConfig.measured_routing``, below). The primary cause is
+    the counted cause with the largest saving.
     """
     lc = sim.cfg.labels
     cost = sim.cfg.cost
@@ -125,6 +129,32 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
         cause_ms["misrouting"] = max(0.0, est_ttft[tl] - est_ttft[best])
     else:
         cause_ms["misrouting"] = max(0.0, routed - est_ttft[best])
+    # measured routing savings (LabelConfig.measured_routing), where the cost model's estimate
+    # decides the label: a slow request on a slow replica (the routing savings, modelled on the
+    # true state, compete with slow_replica, sized from the measured TTFT), or one whose
+    # modelled routing saving exceeds its whole TTFT. The TTFT on every other replica is
+    # measured by re-running the simulation with the request routed there (same requests,
+    # configuration and seed; stopped at its first token); the chosen replica's is the actual
+    # one, less the eviction's saving (its own cause). Same rules: stale_telemetry = that TTFT
+    # less the TTFT on the policy's true-load choice d; misrouting = what the best replica
+    # (least measured TTFT) would still have saved beyond d, or beyond the chosen replica.
+    measured: dict[int, float | None] | None = None
+    if (lc.measured_routing and slow and out["actual_ttft_ms"] is not None
+            and (rec.speed < lc.slow_replica_speed
+                 or max(cause_ms["stale_telemetry"], cause_ms["misrouting"]) > actual)):
+        measured = {i: sim.forced_ttft_ms(req.request_id, i) for i in range(n) if i != c}
+        ttft = {i: t for i, t in measured.items() if t is not None}
+        ttft[c] = actual
+        routed_there = actual - cause_ms["eviction"]
+        best_ttft = min(ttft.values())
+        stale = routed_there - ttft[tl] if (tl is not None and tl != c and tl in ttft) else 0.0
+        if tl is not None and stale >= margin:
+            cause_ms["stale_telemetry"] = stale
+            cause_ms["misrouting"] = max(0.0, ttft[tl] - best_ttft)
+        else:
+            cause_ms["stale_telemetry"] = 0.0
+            cause_ms["misrouting"] = max(0.0, routed_there - best_ttft)
+    out["measured_ttft_ms"] = measured
     # overload: the wait even the best-placed request would have had
     cause_ms["overload"] = min(q for q, _ in rec.est)
     # slow replica: at nominal speed everything on it takes `speed` as long
@@ -237,6 +267,12 @@ def ground_truth_row(rec: Record, sim: Simulation) -> dict[str, Any]:
     for k in ("misrouting", "eviction", "stale_telemetry", "overload", "slow_replica", "long_prompt"):
         v = cm.get(k, 0.0)
         row[f"cause_ms_{k}"] = None if v == float("inf") else v
+    if sim.cfg.labels.measured_routing:
+        measured = lab.get("measured_ttft_ms")
+        row["routing_measured"] = measured is not None
+        # measured TTFT per other replica (None: no first token there); null when modelled
+        row["measured_ttft_ms"] = (None if measured is None
+                                   else {reps[i].id: t for i, t in measured.items()})
     return row
 
 

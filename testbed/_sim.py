@@ -7,6 +7,7 @@ cache contents) and at prefill/finish time; it never reads anything an audit pro
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 import random
 import time
@@ -103,6 +104,10 @@ class Simulation:
     itself (decisions, timings, emitted spans) is the same, about twice as fast;
     :meth:`ground_truth_rows` then raises :class:`~testbed.TestbedError` and the summary
     counts slow requests (TTFT above the SLO, or none) but no causes.
+
+    ``forced=(request_id, replica)`` routes that one request to that replica index whatever its
+    router decides (every other decision is the policy's): the run of a counterfactual
+    placement, see :meth:`forced_ttft_ms`.
     """
 
     def __init__(
@@ -117,6 +122,7 @@ class Simulation:
         progress: bool = False,
         run_id: str | None = None,
         ground_truth: bool = True,
+        forced: tuple[str, int] | None = None,
     ) -> None:
         cfg.validate()
         self.cfg = cfg
@@ -126,6 +132,10 @@ class Simulation:
         self.emitter = emitter
         self.progress = progress
         self.ground_truth = ground_truth
+        if forced is not None and not 0 <= forced[1] < cfg.n_replicas:
+            raise TestbedError(f"forced replica {forced[1]} out of range")
+        self.forced = forced
+        self._forced_rec: Record | None = None
         self.run_id = run_id or f"{scenario}-{cfg.router.policy}-s{seed}"
         self.rng = random.Random(seed)
         self.env = HeapEnvironment()
@@ -182,10 +192,69 @@ class Simulation:
                 gc.set_threshold(*thresholds)
         if self._pbar is not None:
             self._pbar.close()
+        self._label()
+        return self.records
+
+    def _label(self) -> None:
         if self.ground_truth:
             for rec in self.records:
                 rec.labels = label_record(rec, self)
-        return self.records
+
+    def _run_to_forced_first_token(self) -> Record | None:
+        """Run a ``forced`` simulation only until its forced request has its first token (or
+        has ended without one): every event before that instant is the full run's, so its TTFT
+        is the full run's. Returns the forced request's record (None: it never arrived)."""
+        if self.forced is None:
+            raise TestbedError("_run_to_forced_first_token needs a forced simulation")
+        env = self.env
+        env.at(0.0, PRIO_TELEMETRY, self._poll)
+        if self.requests:
+            env.at(self.requests[0].arrival_s, PRIO_ARRIVAL, self._arrive)
+        q = env._heap
+        pop = heapq.heappop
+        thresholds = gc.get_threshold()
+        if thresholds[0]:
+            gc.set_threshold(max(thresholds[0], _GC_GEN0), *thresholds[1:])
+        try:
+            # HeapEnvironment.run's loop, which stops once the forced request is done with
+            while q:
+                ev = pop(q)[3]
+                cb = ev.callback
+                if cb is None:
+                    continue
+                env.now = ev.time
+                ev.callback = None
+                env.processed += 1
+                cb(*ev.args)
+                rec = self._forced_rec
+                if rec is not None:
+                    if rec.choice is None or rec.choice.index is None:
+                        break
+                    seq = rec.seq
+                    if seq is not None and (seq.t_first_token is not None
+                                            or seq.t_finish is not None):
+                        break
+        finally:
+            if thresholds[0]:
+                gc.set_threshold(*thresholds)
+        return self._forced_rec
+
+    def forced_ttft_ms(self, request_id: str, replica: int, *, to_end: bool = False
+                       ) -> float | None:
+        """Measured TTFT (arrival -> first token, ms) of ``request_id`` had it been routed to
+        ``replica`` (an index): the run repeated (same requests, configuration and seed, no
+        emitter, no ground truth) with only that request's routing changed, stopped at its
+        first token unless ``to_end``. None when it gets no first token there."""
+        sim = Simulation(self.requests, self.cfg, seed=self.seed, scenario=self.scenario,
+                         ground_truth=False, forced=(request_id, replica))
+        if to_end:
+            sim.run()
+            rec = sim._forced_rec
+        else:
+            rec = sim._run_to_forced_first_token()
+        if rec is None or rec.seq is None or rec.seq.t_first_token is None:
+            return None
+        return (rec.seq.t_first_token - rec.req.arrival_s) * 1000.0
 
     def _poll(self) -> None:
         env = self.env
@@ -245,6 +314,10 @@ class Simulation:
             self._capture_truth(rec, rt, rv, predicted, rng_state)
         else:
             choice = rt.policy.decide(rv, seen, rt.rng)
+        forced = self.forced
+        if forced is not None and req.request_id == forced[0]:
+            choice = Choice(forced[1], "forced", choice.scores)
+            self._forced_rec = rec
         rec.choice = choice
         rec.seen = seen
         # ---- act

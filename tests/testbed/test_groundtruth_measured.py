@@ -1,0 +1,140 @@
+"""Measured routing savings in the ground truth (``LabelConfig.measured_routing``,
+docs/testbed.md, "Labelling rules").
+
+Where the cost model's estimate decides the label (a slow request on a slow replica), the
+ground truth measures the request's TTFT on every other replica by re-running the simulation
+with it forced there, stopped at its first token. These tests check that TTFT against full
+re-runs forced by a policy wrapper of their own (not the simulation's ``forced`` option), that
+the routing savings follow the documented rule on those measured TTFTs, that the labels then
+differ from the modelled ones where the two disagree, and that nothing changes without the
+option (no extra fields, same rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+import testbed
+from testbed._groundtruth import CAUSES
+from testbed.policies import Choice
+
+# (scenario, requests, replicas): small runs with slow requests on the slow replica whose
+# modelled and measured verdicts differ (misrouting on one, stale_telemetry on the other)
+CASES = [("slow_replica", 60, 4), ("mixed", 80, 4)]
+
+
+class _ForceOne:
+    """The router's policy, except that one request goes to ``replica``."""
+
+    def __init__(self, policy: Any, request_id: str, replica: int) -> None:
+        self._policy = policy
+        self._request_id = request_id
+        self._replica = replica
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    def decide(self, rv: Any, views: Any, rng: Any) -> Any:
+        choice = self._policy.decide(rv, views, rng)
+        if rv.request_id == self._request_id:
+            return Choice(self._replica, "forced", choice.scores)
+        return choice
+
+
+def _sim(scenario: str, n: int, replicas: int, measured: bool) -> testbed.Simulation:
+    sim = testbed.prepare_scenario(scenario, n_requests=n, replicas=replicas, progress=False)
+    sim.cfg = dataclasses.replace(
+        sim.cfg, labels=dataclasses.replace(sim.cfg.labels, measured_routing=measured))
+    return sim
+
+
+def _full_forced_ttft(scenario: str, n: int, replicas: int, request_id: str,
+                      replica: int) -> float | None:
+    sim = _sim(scenario, n, replicas, measured=False)
+    sim.ground_truth = False
+    for rt in sim.routers:
+        rt.policy = _ForceOne(rt.policy, request_id, replica)
+    sim.run()
+    rec = next(r for r in sim.records if r.req.request_id == request_id)
+    assert rec.choice is not None and rec.choice.index == replica
+    if rec.seq is None or rec.seq.t_first_token is None:
+        return None
+    return (rec.seq.t_first_token - rec.req.arrival_s) * 1000.0
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
+def runs(request: pytest.FixtureRequest) -> tuple[tuple[str, int, int], list[dict], list[dict]]:
+    scenario, n, replicas = request.param
+    modelled = _sim(scenario, n, replicas, measured=False)
+    modelled.run()
+    measured = _sim(scenario, n, replicas, measured=True)
+    measured.run()
+    return request.param, modelled.ground_truth_rows(), measured.ground_truth_rows()
+
+
+def test_off_by_default_rows_unchanged() -> None:
+    assert testbed.LabelConfig().measured_routing is False
+    sim = testbed.prepare_scenario("slow_replica", n_requests=30, replicas=4, progress=False)
+    sim.run()
+    assert all("routing_measured" not in r and "measured_ttft_ms" not in r
+               for r in sim.ground_truth_rows())
+
+
+def test_measured_ttft_is_a_full_forced_run(runs: Any) -> None:
+    (scenario, n, replicas), _, rows = runs
+    measured = [r for r in rows if r["routing_measured"]]
+    assert measured
+    for row in measured[:4]:
+        request_id = row["request_id"].split(":")[-1]
+        chosen = int(row["chosen"].rsplit("-", 1)[1])
+        # the chosen replica again: the run is the original one
+        assert _full_forced_ttft(scenario, n, replicas, request_id, chosen) == \
+            row["actual_ttft_ms"]
+        for rid, ttft in row["measured_ttft_ms"].items():
+            i = int(rid.rsplit("-", 1)[1])
+            assert i != chosen
+            assert _full_forced_ttft(scenario, n, replicas, request_id, i) == ttft
+
+
+def test_routing_savings_follow_the_measured_ttfts(runs: Any) -> None:
+    _, modelled, rows = runs
+    lc = testbed.LabelConfig()
+    changed = 0
+    for old, row in zip(modelled, rows, strict=True):
+        on_slow = row["slow"] and row["chosen_speed"] is not None \
+            and row["chosen_speed"] < lc.slow_replica_speed and row["actual_ttft_ms"] is not None
+        if on_slow:
+            assert row["routing_measured"]
+        if not row["routing_measured"]:
+            assert row["measured_ttft_ms"] is None
+            assert {k: v for k, v in row.items()
+                    if k not in ("routing_measured", "measured_ttft_ms")} == old
+            continue
+        actual = row["actual_ttft_ms"]
+        bar = max(lc.min_cause_ms, lc.min_cause_frac * actual)
+        ttft = {k: v for k, v in row["measured_ttft_ms"].items() if v is not None}
+        ttft[row["chosen"]] = actual
+        routed = actual - row["cause_ms_eviction"]
+        best = min(ttft.values())
+        d = row["decision_on_true_load"]
+        stale = routed - ttft[d] if d is not None and d != row["chosen"] and d in ttft else 0.0
+        if stale >= bar:
+            assert row["cause_ms_stale_telemetry"] == stale
+            assert row["cause_ms_misrouting"] == max(0.0, ttft[d] - best)
+        else:
+            assert row["cause_ms_stale_telemetry"] == 0.0
+            assert row["cause_ms_misrouting"] == max(0.0, routed - best)
+        # the other causes are sized as without the option
+        for cause in ("eviction", "overload", "slow_replica", "long_prompt"):
+            assert row[f"cause_ms_{cause}"] == old[f"cause_ms_{cause}"]
+        savings = {c: row[f"cause_ms_{c}"] or 0.0 for c in CAUSES}
+        kept = [c for c in CAUSES if savings[c] >= bar]
+        want = max(kept, key=lambda c: (savings[c], -CAUSES.index(c))) \
+            if kept else "none"
+        assert row["primary_cause"] == want
+        changed += row["primary_cause"] != old["primary_cause"]
+    # the small runs hold requests where the modelled and the measured savings disagree
+    assert changed >= 1
