@@ -494,8 +494,9 @@ def _refresh(con: duckdb.DuckDBPyConnection,
                     f"union all select 'judge_from_ns', '{int(pl.t0_ns)}' {context}")
         if stored_windows:
             _context_requests(con, main, pl, parts)
+        once = _computed_once(con, main, rels)
         for rel in rels:
-            kind = "view" if rel.name in as_views else "table"
+            kind = "view" if rel.name in as_views and rel.name not in once else "table"
             body = rel.sql.strip().rstrip(";")
             started = time.perf_counter()
             if stored_windows and rel.name in WINDOW_INPUTS:
@@ -721,6 +722,28 @@ back before it (their windows would read rows that are gone)."""
 VERDICTS_KEPT_FROM: Final = "verdicts_kept_from_ns"
 """routeaudit_meta key: derived rows anchored before this were deleted by retention; a slice
 whose windows reach before it recomputes them from raw rows instead of reading stored ones."""
+
+
+def _computed_once(con: duckdb.DuckDBPyConnection, main: str,
+                   rels: list[_relations.Relation]) -> set[str]:
+    """The parametrised relations a slice computes as temporary tables instead of views: those
+    its default-SLO tables are replaced from (but the per-run ones :func:`refresh_runs`
+    recomputes) and what they read. Several of those tables read one relation (three read
+    ``int_attr_requests_placed``): as a view it was computed again for each. A slice runs with
+    no session variable set, so each table holds the view's rows at the defaults."""
+    param = _relations.parametrised(rels)
+    by_name = {r.name: r for r in rels}
+    stored = {name for (name, table) in _derived_tables(con) if table != name}
+    todo = [name for name in stored
+            if _ownership(_columns(con, f"{main}.{name}{_relations.CACHE_SUFFIX}")) != "whole"]
+    found: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in found or name not in param:
+            continue
+        found.add(name)
+        todo.extend(_relations.reads(by_name[name].sql))
+    return found
 
 
 def _derived_tables(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:

@@ -249,12 +249,13 @@ def refresh(con: duckdb.DuckDBPyConnection,
         if cache_defaults is None:
             cache_defaults = spans >= CACHE_MIN_SPANS
         to_cache = set(cached(rels)) if cache_defaults else set()
+        existing = _existing(con)
         for rel in rels:
             started = time.perf_counter()
             kind = "view" if rel.name in as_views else "table"
             body = rel.sql.strip().rstrip(";")
             for name in (rel.name, rel.name + LIVE_SUFFIX, rel.name + CACHE_SUFFIX):
-                _drop(con, name)
+                _drop(con, name, existing)
             try:
                 if rel.name in to_cache:
                     _create_cached(con, rel.name, body, at_defaults(rel.name))
@@ -321,11 +322,12 @@ def add_cached(con: duckdb.DuckDBPyConnection) -> list[str]:
     made: list[str] = []
     con.execute("begin transaction")
     try:
+        existing = _existing(con)
         for rel in rels:
             if rel.name not in to_cache:
                 continue
             for name in (rel.name, rel.name + LIVE_SUFFIX, rel.name + CACHE_SUFFIX):
-                _drop(con, name)
+                _drop(con, name, existing)
             _create_cached(con, rel.name, rel.sql.strip().rstrip(";"), at_defaults(rel.name))
             made.append(rel.name)
         con.execute("commit")
@@ -335,11 +337,18 @@ def add_cached(con: duckdb.DuckDBPyConnection) -> list[str]:
     return made
 
 
-def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:
-    kinds = con.execute(
-        "select table_type from information_schema.tables "
-        "where table_schema = 'main' and table_name = ?", [name]).fetchall()
-    for (kind,) in kinds:
+def _existing(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """The store's tables and views (name: ``VIEW`` or ``BASE TABLE``), read once: one lookup
+    of ``information_schema`` per name took a tenth of the time of building every relation
+    of an empty store."""
+    return {str(name): str(kind) for name, kind in con.execute(
+        "select table_name, table_type from information_schema.tables "
+        "where table_catalog = current_database() and table_schema = 'main'").fetchall()}
+
+
+def _drop(con: duckdb.DuckDBPyConnection, name: str, existing: dict[str, str]) -> None:
+    kind = existing.pop(name, None)
+    if kind is not None:
         con.execute(f"drop {'view' if kind == 'VIEW' else 'table'} {name}")
 
 
