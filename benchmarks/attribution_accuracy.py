@@ -51,7 +51,8 @@ Like with like:
   is close to another cause or to ``none``); a ``none`` is clear-cut when every cause's saving is
   at most half the bar. A rejected request (overload of infinite saving) is clear-cut. Both
   sides estimate the savings with different models (the audit from measured spans, the ground
-  truth from its cost model on the true state), so a verdict that depends on a difference of
+  truth from its cost model on the true state, or from forced re-runs for the measured routing
+  savings), so a verdict that depends on a difference of
   less than 2x between two savings is a near tie, not a case either side can defend. Requests
   the ground truth does not call slow are not clear-cut cases. The goal is checked per scenario
   and cause on the clear-cut cases (precision >= 0.95, recall >= 0.9) and on the overall rows of
