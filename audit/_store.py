@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow as pa
 
 import semconv
-from audit import _closed, _incremental, _relations
+from audit import _closed, _empty_store, _incremental, _relations
 from audit._errors import AuditError, CollectorUnavailable, QueryError, StoreError
 from audit._readonly import DEFAULT_LIMITS, QueryCancel, QueryLimits, check_read_only, run_read_only
 from audit._slo import SLO, load_slo
@@ -153,6 +153,11 @@ class Store:
         by slices; audit._closed)."""
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"folder {self.path.parent} does not exist")
+        # a new file store: its empty relations as this process built them before, if it did
+        template = (_empty_store.key(partitioning)
+                    if self._closes and not self.path.exists()
+                    and not Path(f"{os.fspath(self.path)}.wal").exists() else None)
+        copied = template is not None and _empty_store.copy_to(self.path, template)
         try:
             self._con = duckdb.connect(os.fspath(self.path))
         except duckdb.IOException as exc:
@@ -250,7 +255,9 @@ class Store:
             # by slices when the stopped writer kept marks of what it appended.
             self._dirty = True
             self._full_rebuild_due = not marks_kept
-        if partitioning:
+        if copied:
+            _record_refresh(self._con, 0)  # the copy's relations are this store's from now
+        elif partitioning:
             try:
                 _set_partitioning(self._con, dict(partitioning), self.path)
             except StoreError:
@@ -264,6 +271,8 @@ class Store:
             self._full_rebuild_due = True
             self.refresh()
             self._con.execute("checkpoint")
+            if template is not None and self._spans_stored == 0 and _views_current(self._con):
+                _empty_store.keep(self.path, template)
         try:
             self.final_until_ns, self.newest_request_ns = _incremental.horizon(self._con)
             self.closed_until_ns = _closed.closed_until_ns(self._con)
