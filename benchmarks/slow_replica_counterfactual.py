@@ -10,9 +10,11 @@ routing savings: for every slow request served by a replica slower than
 request's routing changes) with the request forced onto each replica in turn
 (``Simulation.forced_ttft_ms``, each run stopped at the request's first token), and takes the
 measured TTFTs as the alternatives'. The measured verdict applies the ground truth's own rules
-(docs/testbed.md, "Labelling rules") to those savings: stale_telemetry = TTFT - TTFT on the
-policy's true-load choice, when that differs from the chosen replica and passes the bar,
-misrouting = the rest down to the best replica, slow_replica = TTFT x (1 - speed), the other
+(docs/testbed.md, "Labelling rules") to those savings, slowness first (the chosen replica's
+TTFT at the fleet's speed, TTFT x speed, is where the routing savings start): stale_telemetry =
+that TTFT - TTFT on the policy's true-load choice, when that differs from the chosen replica
+and passes the bar, misrouting = the rest down to the best replica, slow_replica = TTFT x
+(1 - speed), the other
 causes as the ground truth sized them. It prints how often that verdict agrees with the ground
 truth and with the audit, and the verdicts where they disagree. Against a ground truth labelled
 with ``measured_routing`` (the accuracy benchmark's default) the ground truth agrees with every
@@ -64,10 +66,14 @@ def measured_verdict(row: dict[str, Any], routed: dict[str, float | None], label
     actual = float(row["actual_ttft_ms"])
     bar = max(labels.min_cause_ms, labels.min_cause_frac * actual)
     savings = {k: float(row[f"cause_ms_{k}"] or 0.0) for k in CAUSES}
+    # slowness first: the routing causes have what an alternative saves beyond the replica's
+    # slowness, from the chosen replica's TTFT at the fleet's speed (speed x TTFT)
+    speed = float(row["chosen_speed"])
     ttfts = {r: t for r, t in routed.items() if t is not None}
+    ttfts[row["chosen"]] = actual * speed
     best = min(ttfts.values())
-    # the chosen replica with the cache predicted there: the eviction is its own cause
-    routed_there = actual - savings["eviction"]
+    # the chosen replica with the cache predicted there (the eviction is its own cause)
+    routed_there = (actual - savings["eviction"]) * speed
     d = row["decision_on_true_load"]
     stale = routed_there - ttfts[d] if d is not None and d != row["chosen"] and d in ttfts else 0.0
     if stale >= bar:

@@ -30,8 +30,10 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
     One principle for every cause: its ms are a counterfactual saving, how much lower the TTFT
     would have been had that cause been absent, estimated on the simulator's true state at the
     decision (cost model Q+P, true backlog, true cache, true speed), or for the routing causes
-    measured by forced re-runs (``LabelConfig.measured_routing``, below). The primary cause is
-    the counted cause with the largest saving.
+    measured by forced re-runs (``LabelConfig.measured_routing``, below). On a slow replica the
+    routing savings are sized from its TTFT at the fleet's speed (slowness first: what routing
+    would have saved beyond the replica's slowness, which is slow_replica's). The primary cause
+    is the counted cause with the largest saving.
     """
     lc = sim.cfg.labels
     cost = sim.cfg.cost
@@ -122,30 +124,38 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
     else:
         routed = est_ttft[c]
     out["chosen_est_ttft_ms"] = routed
+    # slowness first: on a slow replica the routing causes are credited only with what an
+    # alternative would have saved beyond the replica's slowness, i.e. from the chosen replica's
+    # TTFT at the fleet's speed (`speed` times its TTFT, the same counterfactual slow_replica is
+    # sized from); the slowness itself is slow_replica's
+    nominal = rec.speed if rec.speed < lc.slow_replica_speed else 1.0
     tl = rec.d_true_load
-    stale_saving = max(0.0, routed - est_ttft[tl]) if (tl is not None and tl != c) else 0.0
+    routed_nominal = routed * nominal
+    stale_saving = (max(0.0, routed_nominal - est_ttft[tl])
+                    if (tl is not None and tl != c) else 0.0)
     if tl is not None and stale_saving >= margin:
         cause_ms["stale_telemetry"] = stale_saving
         cause_ms["misrouting"] = max(0.0, est_ttft[tl] - est_ttft[best])
     else:
-        cause_ms["misrouting"] = max(0.0, routed - est_ttft[best])
+        cause_ms["misrouting"] = max(0.0, routed_nominal - est_ttft[best])
     # measured routing savings (LabelConfig.measured_routing), where the cost model's estimate
     # decides the label: a slow request on a slow replica (the routing savings, modelled on the
     # true state, compete with slow_replica, sized from the measured TTFT), or one whose
     # modelled routing saving exceeds its whole TTFT. The TTFT on every other replica is
     # measured by re-running the simulation with the request routed there (same requests,
     # configuration and seed; stopped at its first token); the chosen replica's is the actual
-    # one, less the eviction's saving (its own cause). Same rules: stale_telemetry = that TTFT
-    # less the TTFT on the policy's true-load choice d; misrouting = what the best replica
-    # (least measured TTFT) would still have saved beyond d, or beyond the chosen replica.
+    # one, less the eviction's saving (its own cause), at the fleet's speed on a slow replica
+    # (slowness first, above). Same rules: stale_telemetry = that TTFT less the TTFT on the
+    # policy's true-load choice d; misrouting = what the best replica (least measured TTFT)
+    # would still have saved beyond d, or beyond the chosen replica.
     measured: dict[int, float | None] | None = None
     if (lc.measured_routing and slow and out["actual_ttft_ms"] is not None
             and (rec.speed < lc.slow_replica_speed
                  or max(cause_ms["stale_telemetry"], cause_ms["misrouting"]) > actual)):
         measured = {i: sim.forced_ttft_ms(req.request_id, i) for i in range(n) if i != c}
         ttft = {i: t for i, t in measured.items() if t is not None}
-        ttft[c] = actual
-        routed_there = actual - cause_ms["eviction"]
+        ttft[c] = actual * nominal
+        routed_there = (actual - cause_ms["eviction"]) * nominal
         best_ttft = min(ttft.values())
         stale = routed_there - ttft[tl] if (tl is not None and tl != c and tl in ttft) else 0.0
         if tl is not None and stale >= margin:

@@ -5,9 +5,10 @@ Where the cost model's estimate decides the label (a slow request on a slow repl
 ground truth measures the request's TTFT on every other replica by re-running the simulation
 with it forced there, stopped at its first token. These tests check that TTFT against full
 re-runs forced by a policy wrapper of their own (not the simulation's ``forced`` option), that
-the routing savings follow the documented rule on those measured TTFTs, that the labels then
-differ from the modelled ones where the two disagree, and that nothing changes without the
-option (no extra fields, same rows).
+the routing savings follow the documented rule on those measured TTFTs (slowness first on a
+slow replica: from its TTFT at the fleet's speed), that they then differ from the modelled ones
+where the two disagree, and that nothing changes without the option (no extra fields, same
+rows).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from testbed._groundtruth import CAUSES
 from testbed.policies import Choice
 
 # (scenario, requests, replicas): small runs with slow requests on the slow replica whose
-# modelled and measured verdicts differ (misrouting on one, stale_telemetry on the other)
+# modelled and measured routing savings differ
 CASES = [("slow_replica", 60, 4), ("mixed", 80, 4)]
 
 
@@ -115,9 +116,11 @@ def test_routing_savings_follow_the_measured_ttfts(runs: Any) -> None:
             continue
         actual = row["actual_ttft_ms"]
         bar = max(lc.min_cause_ms, lc.min_cause_frac * actual)
+        # slowness first: on a slow replica, from the chosen replica's TTFT at the fleet's speed
+        nominal = row["chosen_speed"] if row["chosen_speed"] < lc.slow_replica_speed else 1.0
         ttft = {k: v for k, v in row["measured_ttft_ms"].items() if v is not None}
-        ttft[row["chosen"]] = actual
-        routed = actual - row["cause_ms_eviction"]
+        ttft[row["chosen"]] = actual * nominal
+        routed = (actual - row["cause_ms_eviction"]) * nominal
         best = min(ttft.values())
         d = row["decision_on_true_load"]
         stale = routed - ttft[d] if d is not None and d != row["chosen"] and d in ttft else 0.0
@@ -135,6 +138,54 @@ def test_routing_savings_follow_the_measured_ttfts(runs: Any) -> None:
         want = max(kept, key=lambda c: (savings[c], -CAUSES.index(c))) \
             if kept else "none"
         assert row["primary_cause"] == want
-        changed += row["primary_cause"] != old["primary_cause"]
+        changed += any(row[f"cause_ms_{c}"] != old[f"cause_ms_{c}"]
+                       for c in ("misrouting", "stale_telemetry"))
     # the small runs hold requests where the modelled and the measured savings disagree
     assert changed >= 1
+
+
+def test_slowness_first_on_a_slow_replica(runs: Any) -> None:
+    """On a slow replica the routing causes have only what an alternative saves beyond the
+    replica's slowness: where stale_telemetry does not count, slow_replica and misrouting split
+    the measured saving of a move to the best replica (TTFT less the eviction, less the best
+    measured TTFT), slowness first."""
+    _, _, rows = runs
+    lc = testbed.LabelConfig()
+    split = 0
+    for row in rows:
+        if not (row["routing_measured"] and row["chosen_speed"] < lc.slow_replica_speed):
+            continue
+        actual = row["actual_ttft_ms"]
+        speed = row["chosen_speed"]
+        ev = row["cause_ms_eviction"]
+        assert row["cause_ms_slow_replica"] == pytest.approx(actual * (1.0 - speed))
+        best = min(v for v in row["measured_ttft_ms"].values() if v is not None)
+        # routing never gets more than the chosen replica at the fleet's speed would have saved
+        assert row["cause_ms_misrouting"] + row["cause_ms_stale_telemetry"] \
+            <= max(0.0, (actual - ev) * speed - min(best, actual * speed)) + 1e-6
+        if row["cause_ms_stale_telemetry"] == 0.0 and row["cause_ms_misrouting"] > 0.0:
+            moved = actual - ev - best
+            assert (actual - ev) * (1.0 - speed) + row["cause_ms_misrouting"] \
+                == pytest.approx(moved)
+            split += 1
+    assert split >= 1
+
+
+def test_slowness_first_in_the_modelled_labels() -> None:
+    """Without measured routing the same rule holds on the cost model's estimates: misrouting
+    on a slow replica is the chosen replica's estimate at the fleet's speed (speed x E'(c))
+    less the best estimate."""
+    sim = _sim("slow_replica", 60, 4, measured=False)
+    sim.run()
+    lc = sim.cfg.labels
+    seen = 0
+    for row in sim.ground_truth_rows():
+        if not (row["slow"] and row["chosen_speed"] is not None
+                and row["chosen_speed"] < lc.slow_replica_speed
+                and row["cause_ms_stale_telemetry"] == 0.0):
+            continue
+        best = min(s["est_ttft_ms"] for s in row["true_state"])
+        want = max(0.0, row["chosen_est_ttft_ms"] * row["chosen_speed"] - best)
+        assert row["cause_ms_misrouting"] == pytest.approx(want)
+        seen += want > 0.0
+    assert seen >= 1

@@ -136,15 +136,17 @@ eviction_sized as (
 ),
 
 compared as (
+    -- slowness first: on a slow replica the routing causes are credited only with what an
+    -- alternative would have saved beyond the replica's slowness, from the TTFT there at the
+    -- fleet's speed (its measured speed times the TTFT, the counterfactual slow_replica is
+    -- sized from); the slowness itself is slow_replica's
     select
         s.*,
         -- what choosing the best alternative would have saved, beyond the eviction
-        s.actual_replica_ttft_ms
-        - s.eviction_ms
+        (s.actual_replica_ttft_ms - s.eviction_ms) * coalesce(s.c_slow_speed, 1.0)
         - s.a_ttft_est_ms as saving_ms,
         -- what the policy's own choice on the true state would have saved
-        s.actual_replica_ttft_ms
-        - s.eviction_ms
+        (s.actual_replica_ttft_ms - s.eviction_ms) * coalesce(s.c_slow_speed, 1.0)
         - s.policy_true_ttft_est_ms as stale_saving_ms,
         -- load = waiting + running (+ pending assignments the router knew of)
         s.c_seen_waiting + coalesce(s.c_seen_running, 0)
@@ -301,7 +303,15 @@ routing_judged as (
             replace(coalesce(j.a_load_source, '?'), '_', ' '),
             j.a_ttft_est_ms,
             j.actual_replica_ttft_ms
-        ) as alt_evidence
+        )
+        || case
+            when j.c_slow_speed is not null
+                then printf(
+                    ' (routing judged beyond the slowness: %.0f ms at the fleet''s speed)',
+                    j.actual_replica_ttft_ms * j.c_slow_speed
+                )
+            else ''
+        end as alt_evidence
     from judged as j
     cross join thresholds as t
     where j.is_misrouted
