@@ -2,10 +2,10 @@
 
 Creating a store builds every relation over empty raw tables: planning some eighty statements,
 about 0.7 s of a 2-core machine's time, the same for every new store of one version of the code
-and settings. The first new file store a process creates is built; its checkpointed file is
-kept in a folder of the process's own (removed at exit) as the template of that version and
-settings, and each later new store of the same copies the file instead. The copy is the same
-database as a build would write (the relations' definitions and empty tables, the settings in
+and settings. The first time a process creates a new file store of a version and settings, it
+builds one in a folder of its own (removed at exit), closes it and keeps it as the template;
+every new store of the same copies that file before opening it. The copy is the same database
+as a build would write (the relations' definitions and empty tables, the settings in
 ``routeaudit_meta``); the store then records its own rebuild time.
 """
 
@@ -16,7 +16,7 @@ import hashlib
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import duckdb
@@ -27,6 +27,7 @@ from audit.schema import RAW_TABLES, raw_ddl
 _lock = threading.Lock()
 _templates: dict[str, Path] = {}
 _folder: Path | None = None
+_building = threading.local()
 
 
 def key(partitioning: Mapping[str, float] | None) -> str:
@@ -47,27 +48,31 @@ def key(partitioning: Mapping[str, float] | None) -> str:
     return h.hexdigest()
 
 
-def copy_to(path: Path, template_key: str) -> bool:
-    """Copy the template of ``template_key`` to ``path`` (which must not exist); False when this
-    process has none yet."""
+def copy_to(path: Path, template_key: str, build: Callable[[Path], None]) -> None:
+    """Copy the template of ``template_key`` to ``path`` (which must not exist), building the
+    template first with ``build`` (a new store at the path given, closed) if this process has
+    none yet. The template is built in a file of its own and closed before it is copied: reading
+    an open store's file from the process that holds it would release DuckDB's lock on it
+    (closing any descriptor of a file drops the process's POSIX locks on that file)."""
+    global _folder
     with _lock:
         template = _templates.get(template_key)
         if template is None or not template.exists():
-            return False
+            if _folder is None:
+                _folder = Path(tempfile.mkdtemp(prefix="routeaudit-empty-"))
+                atexit.register(shutil.rmtree, _folder, True)
+            template = _folder / f"{template_key[:32]}.duckdb"
+            for leftover in (template, template.with_suffix(".duckdb.wal")):
+                leftover.unlink(missing_ok=True)  # of a build that failed
+            _building.active = True
+            try:
+                build(template)
+            finally:
+                _building.active = False
+            _templates[template_key] = template
         shutil.copyfile(template, path)
-    return True
 
 
-def keep(path: Path, template_key: str) -> None:
-    """Keep a copy of ``path``, a new store just built and checkpointed (nothing left in its
-    write-ahead log), as the template of ``template_key``."""
-    global _folder
-    with _lock:
-        if template_key in _templates:
-            return
-        if _folder is None:
-            _folder = Path(tempfile.mkdtemp(prefix="routeaudit-empty-"))
-            atexit.register(shutil.rmtree, _folder, True)
-        target = _folder / f"{len(_templates)}.duckdb"
-        shutil.copyfile(path, target)
-        _templates[template_key] = target
+def building() -> bool:
+    """Whether this thread is building a template (whose store must not copy one)."""
+    return bool(getattr(_building, "active", False))

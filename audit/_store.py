@@ -154,10 +154,11 @@ class Store:
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"folder {self.path.parent} does not exist")
         # a new file store: its empty relations as this process built them before, if it did
-        template = (_empty_store.key(partitioning)
-                    if self._closes and not self.path.exists()
-                    and not Path(f"{os.fspath(self.path)}.wal").exists() else None)
-        copied = template is not None and _empty_store.copy_to(self.path, template)
+        copied = (self._closes and not _empty_store.building() and not self.path.exists()
+                  and not Path(f"{os.fspath(self.path)}.wal").exists())
+        if copied:
+            _empty_store.copy_to(self.path, _empty_store.key(partitioning),
+                                 lambda at: Store(at, partitioning=partitioning).close())
         try:
             self._con = duckdb.connect(os.fspath(self.path))
         except duckdb.IOException as exc:
@@ -271,8 +272,6 @@ class Store:
             self._full_rebuild_due = True
             self.refresh()
             self._con.execute("checkpoint")
-            if template is not None and self._spans_stored == 0 and _views_current(self._con):
-                _empty_store.keep(self.path, template)
         try:
             self.final_until_ns, self.newest_request_ns = _incremental.horizon(self._con)
             self.closed_until_ns = _closed.closed_until_ns(self._con)

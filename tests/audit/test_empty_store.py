@@ -102,3 +102,21 @@ def test_an_existing_file_is_never_replaced(tmp_path: Path, monkeypatch: pytest.
         assert con.execute("select answer from mine").fetchall() == [(42,)]
     finally:
         con.close()
+
+
+def test_a_new_store_keeps_its_file_locked_against_other_processes(tmp_path: Path) -> None:
+    """Copying the template must not touch the open store's file: reading it from the process
+    that holds it would drop DuckDB's lock (POSIX locks go with any descriptor closed)."""
+    import subprocess
+    import sys
+
+    for name in ("first.duckdb", "second.duckdb"):  # built (or copied), then copied
+        path = tmp_path / name
+        store = Store(path, partitioning={"partition_s": 71.0})
+        try:
+            probe = subprocess.run(
+                [sys.executable, "-c", "import duckdb, sys; duckdb.connect(sys.argv[1])", str(path)],
+                capture_output=True, text=True, timeout=60)
+            assert probe.returncode != 0 and "lock" in probe.stderr.lower(), probe.stderr
+        finally:
+            store.close()
