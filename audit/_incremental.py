@@ -731,19 +731,11 @@ def _computed_once(con: duckdb.DuckDBPyConnection, main: str,
     recomputes) and what they read. Several of those tables read one relation (three read
     ``int_attr_requests_placed``): as a view it was computed again for each. A slice runs with
     no session variable set, so each table holds the view's rows at the defaults."""
-    param = _relations.parametrised(rels)
-    by_name = {r.name: r for r in rels}
     stored = {name for (name, table) in _derived_tables(con) if table != name}
-    todo = [name for name in stored
-            if _ownership(_columns(con, f"{main}.{name}{_relations.CACHE_SUFFIX}")) != "whole"]
-    found: set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name in found or name not in param:
-            continue
-        found.add(name)
-        todo.extend(_relations.reads(by_name[name].sql))
-    return found
+    replaced = {name for name in stored
+                if _ownership(_columns(con, f"{main}.{name}{_relations.CACHE_SUFFIX}")) != "whole"}
+    # the relations they read that are not parametrised are stored tables already
+    return _relations.upstream(rels, replaced) & _relations.parametrised(rels)
 
 
 def _derived_tables(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:

@@ -106,6 +106,21 @@ def _reads(sql: str) -> frozenset[str]:
                      - {n.lower() for n in _CTE_NAME.findall(code)})
 
 
+def upstream(relations: list[Relation], names: set[str]) -> set[str]:
+    """``names`` (those that are relations) and every relation they read, directly or through
+    others."""
+    by_name = {r.name: r for r in relations}
+    found: set[str] = set()
+    stack = list(names)
+    while stack:
+        name = stack.pop()
+        if name in found or name not in by_name:
+            continue
+        found.add(name)
+        stack.extend(reads(by_name[name].sql))
+    return found
+
+
 def _strip_comments(sql: str) -> str:
     return re.sub(r"--[^\n]*", "", sql)
 

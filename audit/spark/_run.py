@@ -137,7 +137,7 @@ def build(spark: SparkSession, *, only: Iterable[str] | None = None,
     as a materialised temporary view. A relation that fails is recorded, and the relations
     reading it are skipped."""
     rels = _relations.load_relations()
-    wanted = _closure(rels, set(only)) if only is not None else {r.name for r in rels}
+    wanted = _relations.upstream(rels, set(only)) if only is not None else {r.name for r in rels}
     views = set(_relations.ALWAYS_VIEWS)
     result = Built()
     for rel in rels:
@@ -212,19 +212,6 @@ def _materialise(frame: DataFrame) -> DataFrame:
     fresh = jdf.sparkSession().internalCreateDataFrame(jdf.queryExecution().toRdd(),
                                                        jdf.schema(), False)
     return DataFrame(fresh, frame.sparkSession)
-
-
-def _closure(rels: list[_relations.Relation], names: set[str]) -> set[str]:
-    by_name = {r.name: r for r in rels}
-    found: set[str] = set()
-    stack = list(names)
-    while stack:
-        name = stack.pop()
-        if name in found or name not in by_name:
-            continue
-        found.add(name)
-        stack.extend(_relations.reads(by_name[name].sql))
-    return found
 
 
 def _first_line(exc: BaseException) -> str:
