@@ -48,12 +48,13 @@ def key(partitioning: Mapping[str, float] | None) -> str:
     return h.hexdigest()
 
 
-def copy_to(path: Path, template_key: str, build: Callable[[Path], None]) -> None:
-    """Copy the template of ``template_key`` to ``path`` (which must not exist), building the
+def copy_to(path: Path, template_key: str, build: Callable[[Path], None]) -> bool:
+    """Copy the template of ``template_key`` to ``path``, building the
     template first with ``build`` (a new store at the path given, closed) if this process has
     none yet. The template is built in a file of its own and closed before it is copied: reading
     an open store's file from the process that holds it would release DuckDB's lock on it
-    (closing any descriptor of a file drops the process's POSIX locks on that file)."""
+    (closing any descriptor of a file drops the process's POSIX locks on that file). False,
+    and nothing written, when ``path`` exists by then (another process created it)."""
     global _folder
     with _lock:
         template = _templates.get(template_key)
@@ -70,7 +71,12 @@ def copy_to(path: Path, template_key: str, build: Callable[[Path], None]) -> Non
             finally:
                 _building.active = False
             _templates[template_key] = template
-        shutil.copyfile(template, path)
+        try:
+            with template.open("rb") as src, path.open("xb") as dst:
+                shutil.copyfileobj(src, dst)
+        except FileExistsError:
+            return False
+    return True
 
 
 def building() -> bool:

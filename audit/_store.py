@@ -153,12 +153,12 @@ class Store:
         by slices; audit._closed)."""
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"folder {self.path.parent} does not exist")
-        # a new file store: its empty relations as this process built them before, if it did
+        # a new file store starts as a copy of the empty store this process built for the same
+        # code and settings (never written over a file that exists)
         copied = (self._closes and not _empty_store.building() and not self.path.exists()
-                  and not Path(f"{os.fspath(self.path)}.wal").exists())
-        if copied:
-            _empty_store.copy_to(self.path, _empty_store.key(partitioning),
-                                 lambda at: Store(at, partitioning=partitioning).close())
+                  and not Path(f"{os.fspath(self.path)}.wal").exists()
+                  and _empty_store.copy_to(self.path, _empty_store.key(partitioning),
+                                           lambda at: Store(at, partitioning=partitioning).close()))
         try:
             self._con = duckdb.connect(os.fspath(self.path))
         except duckdb.IOException as exc:

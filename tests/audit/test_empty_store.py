@@ -120,3 +120,16 @@ def test_a_new_store_keeps_its_file_locked_against_other_processes(tmp_path: Pat
             assert probe.returncode != 0 and "lock" in probe.stderr.lower(), probe.stderr
         finally:
             store.close()
+
+
+def test_a_file_created_meanwhile_is_not_written_over(tmp_path: Path) -> None:
+    """Another process may create the file between the store's check and the copy."""
+    from audit import _empty_store
+
+    settings = {"partition_s": 73.0}
+    _new(tmp_path / "template.duckdb", partitioning=settings)
+    theirs = tmp_path / "theirs.duckdb"
+    theirs.write_bytes(b"another process's file")
+    copied = _empty_store.copy_to(theirs, _empty_store.key(settings),
+                                  lambda at: pytest.fail("the template exists: no build"))
+    assert copied is False and theirs.read_bytes() == b"another process's file"
