@@ -116,7 +116,7 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
     if routed_cached != at_dec:
         sn = rec.true_snaps[c]
         rq, rp = cost.estimate_ms(
-            backlog_prefill_tokens=sn.remaining_prefill_tokens, n_running=sn.running,
+            backlog_prefill_tokens=rec.true_backlog[c], n_running=sn.running,
             uncached_tokens=req.input_tokens - routed_cached, cached_tokens=routed_cached,
             max_batched_tokens=sim.replicas[c].cfg.max_batched_tokens, speed=rec.speed,
         )
@@ -211,7 +211,8 @@ def ground_truth_row(rec: Record, sim: Simulation) -> dict[str, Any]:
         true_state.append({
             "replica": s.replica, "waiting": s.waiting, "running": s.running,
             "remaining_tokens": s.remaining_tokens,
-            "remaining_prefill_tokens": s.remaining_prefill_tokens, "kv_usage": s.kv_usage,
+            "remaining_prefill_tokens": s.remaining_prefill_tokens,
+            "backlog_prefill_tokens": rec.true_backlog[i], "kv_usage": s.kv_usage,
             "cached_tokens": rec.true_cached[i], "est_queue_ms": q, "est_prefill_ms": p,
             "est_ttft_ms": q + p, "speed": reps[i].cfg.speed,
         })

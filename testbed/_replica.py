@@ -167,6 +167,57 @@ class Replica:
         m = self.pool.match(req.block_keys)
         return min(m * req.block_tokens, req.input_tokens - 1) if m else 0
 
+    def backlog_prefill_tokens(self) -> int:
+        """Prefill tokens the work present must still compute before a request arriving now,
+        each queued prompt counted without the prefix it finds cached at its admission: what
+        the cache holds now, or what a sequence ahead of it (running, or queued before it)
+        computes first (FCFS admission; a chunked prefill publishes its complete segments
+        before the budget frees for the next prompt). A cached segment no sequence references
+        is gone when the prefills ahead of the prompt allocate more blocks than are free and
+        the pool evicts it for them (least recently released first; a preempted sequence's
+        own segments among them).
+        ``remaining_prefill_tokens`` of the snapshot counts every queued prompt whole (the
+        telemetry a replica reports)."""
+        waiting = self.waiting
+        if not waiting:
+            return self.rem_prefill
+        pool = self.pool
+        entries = pool.entries
+        free = pool.free
+        bs = self._bs
+        ahead: set[int] = set()
+        total = 0
+        need = 0  # blocks the prefills ahead still allocate
+        for s in self.running:
+            if s.computed < s.target:
+                total += s.target - s.computed
+                need += self._need(s, s.target)
+                ahead.update(s.req.block_keys)
+        lru = iter(pool.lru.values())  # unreferenced entries, least recently released first
+        gone: set[int] = set()
+        evicted = 0
+        for s in waiting:
+            while free + evicted < need:
+                e = next(lru, None)
+                if e is None:
+                    break
+                gone.add(e.key)
+                evicted += e.nblocks
+            req = s.req
+            keys = req.block_keys
+            m = 0
+            for k in keys:
+                if k not in ahead and (k not in entries or k in gone):
+                    break
+                m += 1
+            cached = min(m * req.block_tokens, req.input_tokens)
+            if cached >= s.target:
+                cached = s.target - 1  # at least one token is recomputed (as _admit)
+            total += s.target - cached
+            need += -(-(s.target - cached) // bs)
+            ahead.update(keys)
+        return total
+
     def submit(self, req: Request) -> Seq:
         """A request arrives at the replica now."""
         now = self.env.now

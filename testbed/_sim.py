@@ -33,7 +33,8 @@ class Record:
     """Per-request facts collected during the run (the raw material of the ground truth)."""
 
     __slots__ = (
-        "req", "router", "t_decide", "choice", "seen", "true_snaps", "true_cached", "est",
+        "req", "router", "t_decide", "choice", "seen", "true_snaps", "true_cached", "true_backlog",
+        "est",
         "d_true_load", "d_oracle", "predicted", "unseen_other", "unseen_own", "seq", "speed",
         "labels",
     )
@@ -46,6 +47,7 @@ class Record:
         self.seen: list[CandidateView] = []
         self.true_snaps: list[Snapshot] = []
         self.true_cached: list[int] = []
+        self.true_backlog: list[int] = []
         self.est: list[tuple[float, float]] = []
         self.d_true_load: int | None = None
         self.d_oracle: int | None = None
@@ -348,8 +350,10 @@ class Simulation:
         now = rec.t_decide
         true_snaps = [r.snapshot() for r in self.replicas]
         true_cached = [r.match_tokens(req) for r in self.replicas]
+        true_backlog = [r.backlog_prefill_tokens() for r in self.replicas]
         rec.true_snaps = true_snaps
         rec.true_cached = true_cached
+        rec.true_backlog = true_backlog
         zeros = [0] * len(self.replicas)
         mbt = self.cfg.replica.max_batched_tokens
         common = dict(
@@ -384,7 +388,7 @@ class Simulation:
             rmbt = rcfg.max_batched_tokens
             speed = rcfg.speed
             per_step = overhead + per_seq * snap.running
-            backlog = max(0.0, snap.remaining_prefill_tokens)
+            backlog = max(0.0, true_backlog[k])
             q = backlog * pmt + math.ceil(backlog / rmbt) * per_step
             p = u * (pmt + attn * (c + u / 2)) + max(1, math.ceil(u / rmbt)) * per_step
             est.append((q / speed, p / speed))

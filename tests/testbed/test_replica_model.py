@@ -112,3 +112,71 @@ def test_decode_run_matches_stepwise_token_count() -> None:
     assert a.generated == 300 and len(done) == 2
     snap = rep.snapshot()
     assert snap.waiting == 0 and snap.running == 0 and snap.remaining_tokens == 0
+
+
+def test_backlog_counts_a_queued_prompt_without_the_prefix_it_finds_cached() -> None:
+    # a 2,048-token prompt, a second one sharing its 32 segments plus two of its own, and an
+    # unrelated one, all at once on a 512-token step budget: the second is admitted after the
+    # first has published its segments and recomputes only its own two (the snapshot's
+    # remaining_prefill_tokens counts it whole)
+    env, done = Environment(), []
+    rep = _replica(env, done, max_batched_tokens=512, kv_capacity_tokens=1 << 20)
+    prefix = list(range(1, 33))
+    seqs = [rep.submit(_req("a", prefix)), rep.submit(_req("b", [*prefix, 90, 91])),
+            rep.submit(_req("c", list(range(200, 216))))]
+    backlog = rep.backlog_prefill_tokens()
+    whole = rep.snapshot().remaining_prefill_tokens
+    env.run()
+    assert seqs[1].cached_first == 2048
+    assert backlog == sum(s.target - (s.cached_first or 0) for s in seqs) == 2048 + 128 + 1024
+    assert whole == 2048 + 2176 + 1024
+    assert rep.backlog_prefill_tokens() == rep.rem_prefill == 0
+
+
+def test_backlog_counts_the_cache_held_now_and_nothing_while_idle() -> None:
+    env, done = Environment(), []
+    rep = _replica(env, done, max_batched_tokens=512, kv_capacity_tokens=1 << 20)
+    rep.submit(_req("a", list(range(1, 9))))
+    env.run()
+    assert rep.backlog_prefill_tokens() == 0
+    # a long unrelated prompt keeps the budget; the queued one finds a's 8 segments cached
+    rep.submit(_req("x", list(range(300, 340)), t=env.now))
+    rep.submit(_req("b", [*range(1, 9), 95], t=env.now))
+    assert rep.backlog_prefill_tokens() == 40 * 64 + 64
+
+
+def test_backlog_counts_an_unreferenced_prefix_until_the_work_ahead_evicts_it() -> None:
+    # a's 8 segments stay cached unreferenced (32 of 256 blocks); a long prompt x goes ahead
+    # of b, which shares a's prefix: while what x still allocates fits the free blocks, b finds
+    # the prefix at its admission; past that the pool evicts a's first segment (released
+    # first) and b computes the prompt whole
+    for x_tokens, b_cached in ((3300, 512), (3800, 0)):
+        env, done = Environment(), []
+        rep = _replica(env, done, max_batched_tokens=512)
+        rep.submit(_req("a", list(range(1, 9))))
+        env.run()
+        rep.submit(_req("x", list(range(300, 300 + -(-x_tokens // 64))), inp=x_tokens,
+                        t=env.now))
+        b = rep.submit(_req("b", [*range(1, 9), 95], t=env.now))
+        backlog = rep.backlog_prefill_tokens()
+        env.run()
+        assert b.cached_first == b_cached
+        assert backlog == x_tokens + 576 - b_cached
+
+
+def test_backlog_evicts_the_least_recently_released_segments_first() -> None:
+    # o's segments were released before a's: the blocks x takes beyond the free ones come out
+    # of o's, and b still finds a's prefix at its admission
+    env, done = Environment(), []
+    rep = _replica(env, done, max_batched_tokens=512)
+    rep.submit(_req("o", list(range(500, 508))))
+    env.run()
+    rep.submit(_req("a", list(range(1, 9)), t=env.now))
+    env.run()
+    x = rep.submit(_req("x", list(range(300, 352)), inp=3300, t=env.now))
+    b = rep.submit(_req("b", [*range(1, 9), 95], t=env.now))
+    backlog = rep.backlog_prefill_tokens()
+    assert x.req.input_tokens - 32 * 16 > rep.pool.free * 16  # x evicts cached segments
+    env.run()
+    assert b.cached_first == 512
+    assert backlog == 3300 + 64
