@@ -167,7 +167,10 @@ class LabelConfig:
     cache_tolerance_tokens: int = _f(
         16, "eviction only when predicted - reused cached tokens is at least this (one KV block)"
     )
-    slow_replica_speed: float = _f(0.9, "a replica with speed below this counts as slow")
+    slow_replica_speed: float = _f(
+        0.85, "a replica with speed below this counts as slow: its slowness alone costs every "
+        "request on it at least min_cause_frac of its TTFT (1 - 0.15); the audit's bar"
+    )
     measured_routing: bool = _f(
         False, "measure stale_telemetry and misrouting instead of modelling them where the cost "
         "model decides the label (a slow request on a slow replica, or a modelled routing "

@@ -14,10 +14,11 @@ from test_attribution import Fleet, primary, rows, seen
 NOMINAL = ("B", "C", "D", "E")
 
 
-def slow_fleet() -> Fleet:
-    """A runs at 0.4x: six prompts alone at 2.5 ms/token, and two pairs sharing every step at
-    5 ms/token each (over every prefill A looks 3.1x slower than the others); B..E ran six
-    prompts alone each at 1 ms/token."""
+def slow_fleet(speed: float = 0.4, pairs: bool = True) -> Fleet:
+    """A runs at ``speed`` (0.4x: six prompts alone at 2.5 ms/token, and with ``pairs`` two
+    pairs sharing every step at 5 ms/token each; over every prefill A looks 3.1x slower than
+    the others); B..E ran six prompts alone each at 1 ms/token."""
+    slow = 1.0 / speed
     f = Fleet()
     replicas = ("A", *NOMINAL)
     for k in range(6):
@@ -29,14 +30,15 @@ def slow_fleet() -> Fleet:
                        candidates=[{"replica": r, **seen(0, 0)} for r in replicas])
             e = f.served(rid, replica, arrive=t, queue=0.0, input_tokens=tokens)
             if replica == "A":
-                e.update(prefill_ms=2.5 * tokens, ttft_ms=2.5 * tokens)
-                f.rows["requests"][-1].update(replica_ttft_ms=2.5 * tokens,
-                                              ttft_ms=2.5 * tokens + 20.0)
-    for k in (0, 5):
+                e.update(prefill_ms=slow * tokens, ttft_ms=slow * tokens)
+                f.rows["requests"][-1].update(replica_ttft_ms=slow * tokens,
+                                              ttft_ms=slow * tokens + 20.0)
+    for k in (0, 5) if pairs else ():
         tokens = 400 + 200 * k
         for j in range(2):
             f.served_took(f"pairA{k}{j}", "A", arrive=-390_000.0 + 50_000.0 * k, queue=0.0,
-                          input_tokens=tokens, prefill_ms=5.0 * tokens, ttft_ms=5.0 * tokens)
+                          input_tokens=tokens, prefill_ms=2 * slow * tokens,
+                          ttft_ms=2 * slow * tokens)
     return f
 
 
@@ -108,3 +110,32 @@ def test_a_slow_replicas_longer_wait_is_its_speed_not_a_stale_view() -> None:
     (p,) = rows(con, "select policy_true_replica from int_attr_requests_placed "
                      "where request_key = 'k-S'")
     assert p["policy_true_replica"] == "A"
+
+
+@pytest.mark.parametrize(("speed", "is_slow"), [(0.75, True), (0.8, True), (0.9, False)])
+def test_a_replica_is_slow_below_the_speed_where_its_slowness_is_a_significant_cause(
+        speed: float, is_slow: bool) -> None:
+    """The bar is a speed of 0.85 (``slow_replica_ratio`` 1 / 0.85), 1 - cause_min_frac, as
+    the testbed's ground truth (LabelConfig.slow_replica_speed): below it the slowness alone
+    costs every request on the replica a significant share of its TTFT. S (2400 tokens) went to
+    the idle A; the alternatives are busy. At 0.75x and 0.8x slow_replica is S's primary cause,
+    sized TTFT x (1 - speed); at 0.9x A is not slow (its slowness would be below the bar)."""
+    f = slow_fleet(speed, pairs=False)
+    for replica in NOMINAL:
+        f.backlog(replica, 3, tokens=2000, prefix=f"q{replica}")
+    ttft = 2400.0 / speed
+    f.decision("S", at_ms=100.0, chosen="A", policy="round_robin", reason="round_robin",
+               candidates=[{"replica": r, **seen(0, 0)} for r in ("A", *NOMINAL)])
+    f.served_took("S", "A", arrive=100.0, queue=0.0, input_tokens=2400,
+                  prefill_ms=ttft, ttft_ms=ttft)
+    con = f.store()
+    a = estimate_of_s(con, "A")
+    assert a["speed_from"] == "solo_prefills"
+    assert 1.0 / a["speed_factor"] == pytest.approx(speed, abs=0.03)
+    slow = rows(con, "select excess_ms from attributions where request_id = 'S' "
+                     "and cause = 'slow_replica'")
+    if is_slow:
+        assert slow and slow[0]["excess_ms"] == pytest.approx(ttft * (1.0 - speed), rel=0.1)
+        assert primary(con, "S")["cause"] == "slow_replica"
+    else:
+        assert not slow

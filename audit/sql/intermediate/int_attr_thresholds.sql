@@ -28,9 +28,14 @@ thresholds as (
         -- how far back KV pressure / prior service is looked for, ms
         cast(coalesce(getvariable('routeaudit_lookback_ms'), 30000.0) as double)
             as lookback_ms,
-        -- slow replica: calibrated ms/token at least this multiple of the fleet median
-        cast(coalesce(getvariable('routeaudit_slow_replica_ratio'), 1.5) as double)
+        -- slow replica: its prefills take at least this multiple of the fleet's time, a
+        -- speed of at most 0.85, where its slowness alone costs every request on it the
+        -- share of its TTFT a cause must reach (1 - cause_min_frac)
+        cast(coalesce(getvariable('routeaudit_slow_replica_ratio'), 1.0 / 0.85) as double)
             as slow_replica_ratio,
+        -- slow decode (TPOT): decode ms/token at least this multiple of the fleet median
+        cast(coalesce(getvariable('routeaudit_slow_decode_ratio'), 1.5) as double)
+            as slow_decode_ratio,
         -- client network: client TTFT - replica TTFT at least this ...
         cast(coalesce(getvariable('routeaudit_client_gap_min_ms'), 200.0) as double)
             as client_gap_min_ms,

@@ -565,7 +565,7 @@ cause_slow_replica as (
         tpot_excess_ms > 0
         and output_tokens >= 2
         and c_decode_ms_per_token
-        >= t.slow_replica_ratio * fleet_decode_ms_per_token
+        >= t.slow_decode_ratio * fleet_decode_ms_per_token
 ),
 
 cause_client_network as (
