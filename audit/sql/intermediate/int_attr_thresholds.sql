@@ -30,8 +30,8 @@ thresholds as (
             as lookback_ms,
         -- slow replica: its prefills take at least this multiple of the fleet's time, a
         -- speed of at most 0.85, where its slowness alone costs every request on it the
-        -- share of its TTFT a cause must reach (1 - cause_min_frac)
-        cast(coalesce(getvariable('routeaudit_slow_replica_ratio'), 1.0 / 0.85) as double)
+        -- share of its TTFT a cause must reach (1 - cause_min_frac): 1 / 0.85
+        cast(coalesce(getvariable('routeaudit_slow_replica_ratio'), 1.1764705882352942) as double)
             as slow_replica_ratio,
         -- slow decode (TPOT): decode ms/token at least this multiple of the fleet median
         cast(coalesce(getvariable('routeaudit_slow_decode_ratio'), 1.5) as double)
