@@ -291,16 +291,28 @@ deepest_served as (
     -- held, so when this block is held that is its position, whatever the blocks before it:
     -- it is looked up first, alone, and an alternative's other blocks only when it is not held
     -- (on a busy fleet whose prompts share long prefixes served on every replica, most
-    -- alternatives need this one lookup instead of one per block)
+    -- alternatives need this one lookup instead of one per block). The deepest position is
+    -- found first and its block joined back (a position is one block of the decision's
+    -- prompt): a max over a plain integer is a hash aggregation on Spark, an arg_max carrying
+    -- the hash a sort of every (block, replica) pair
     select
-        b.decision_key,
-        v.replica,
-        max(b.block_pos) as block_pos,
-        arg_max(b.block_hash, b.block_pos) as block_hash
-    from final_decision_blocks as b
-    inner join served_pairs as v
-        on b.block_hash = v.block_hash
-    group by b.decision_key, v.replica
+        s.decision_key,
+        s.replica,
+        s.block_pos,
+        b.block_hash
+    from (
+        select
+            f.decision_key,
+            v.replica,
+            max(f.block_pos) as block_pos
+        from final_decision_blocks as f
+        inner join served_pairs as v
+            on f.block_hash = v.block_hash
+        group by f.decision_key, v.replica
+    ) as s
+    inner join final_decision_blocks as b
+        on s.decision_key = b.decision_key
+        and s.block_pos = b.block_pos
 ),
 
 candidate_deepest as (
