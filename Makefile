@@ -48,9 +48,12 @@ fuzz:
 
 # Setup, then every check and a short fuzz run side by side (-k: each reports before make stops;
 # the fuzzers run one at a time, each starting from its committed corpus; `make fuzz` runs
-# longer), then the tests in two xdist workers (tests/spark is one xdist_group: one worker, one
-# JVM), the slowest listed.
+# longer), then the tests in TEST_WORKERS xdist workers (tests/spark is one xdist_group: one
+# worker, one JVM), the slowest listed. Three workers on two cores: a test process alone keeps
+# a core 70-90 % busy (it waits on servers it started, subprocesses, sockets), and a third
+# worker runs in that time.
 TEST_FUZZ_SECONDS ?= 12
+TEST_WORKERS ?= 3
 test: setup-test
 	$(MAKE) --no-print-directory -k -j2 --output-sync=target lint fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
-	$(PYTHON) -m pytest -n 2 --dist loadgroup --durations=30
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30

@@ -31,7 +31,7 @@ def captures() -> Path:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``-n 2 --dist loadgroup``, every test of a module that has a module-scoped fixture
+    """Under ``-n N --dist loadgroup``, every test of a module that has a module-scoped fixture
     goes to one xdist group named after the module, so the fixture (often a whole store built
     by many refreshes) is built once, not once per worker. Runs before xdist names the groups."""
     for item in items:

@@ -85,7 +85,7 @@ def _missing() -> str | None:
     return None
 
 
-# One xdist group (`make test` runs `-n 2 --dist loadgroup`): every Spark test in one worker,
+# One xdist group (`make test` runs `-n 3 --dist loadgroup`): every Spark test in one worker,
 # the module's build done once, and run as that worker's first work (xdist hands out the
 # largest group first). A gateway forked by a worker that had already run the gRPC collector
 # tests exited at start (JAVA_GATEWAY_EXITED, nothing on its stderr but gRPC's epoll error).
