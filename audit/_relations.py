@@ -265,7 +265,7 @@ def refresh(con: duckdb.DuckDBPyConnection,
             cache_defaults = spans >= CACHE_MIN_SPANS
         to_cache = set(cached(rels)) if cache_defaults else set()
         existing = _existing(con)
-        same_sql = _built_version(con) == relations_version()
+        same_sql = built_version(con) == relations_version()
         for rel in rels:
             started = time.perf_counter()
             kind = "view" if rel.name in as_views else "table"
@@ -297,12 +297,12 @@ def refresh(con: duckdb.DuckDBPyConnection,
     return spans
 
 
-def _built_version(con: duckdb.DuckDBPyConnection) -> str | None:
+def built_version(con: duckdb.DuckDBPyConnection) -> str | None:
     """The :func:`relations_version` the store's relations were last built by, if recorded."""
     try:
         rows = con.execute("select value from routeaudit_meta "
                            "where key = 'relations_version'").fetchall()
-    except duckdb.CatalogException:
+    except duckdb.Error:
         return None
     return str(rows[0][0]) if rows else None
 

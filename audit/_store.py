@@ -1019,13 +1019,7 @@ def _parsed_table_names(con: duckdb.DuckDBPyConnection, sql: str) -> set[str] | 
 
 
 def _views_current(con: duckdb.DuckDBPyConnection) -> bool:
-    try:
-        rows = con.sql(
-            "select value from routeaudit_meta where key = 'relations_version'"
-        ).fetchall()
-    except duckdb.Error:
-        return False
-    return bool(rows) and rows[0][0] == _relations.relations_version()
+    return _relations.built_version(con) == _relations.relations_version()
 
 
 def _live_collector(path: Path) -> dict[str, Any] | None:
