@@ -85,8 +85,10 @@ _CTE_NAME = re.compile(r"\b(\w+)\s*(?:\([^()]*\)\s*)?as\s+(?:not\s+)?(?:material
 _FROM_NAME = re.compile(r"\b(?:from|join)\s+(\w+)", re.I)
 
 
+@functools.lru_cache(maxsize=1024)
 def _code(sql: str) -> str:
-    """``sql`` without its comments and string literals."""
+    """``sql`` without its comments and string literals (each relation's is asked for at every
+    refresh, by every classification of the relations)."""
     return _NOT_CODE.sub(" ", sql)
 
 

@@ -15,10 +15,14 @@ from collections.abc import Iterator
 import pytest
 from tiled_sample import batches, new_store, relation_rows, tiled_sample
 
-from audit import _relations
+from audit import _incremental, _relations
 from audit._store import Store
 
 BATCHES = 6
+
+SLICE_STEPS: set[str] = set()
+"""What the slices of the module's incremental store did (``build <relation>``, ``replace
+<table>``)."""
 
 COMPARED = [r for r in _relations.public_relations() if r not in {"raw_span_attributes", "slo_targets"}]
 
@@ -29,6 +33,12 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, St
     # rewriting is compared too (below CACHE_MIN_SPANS the views compute live)
     patch = pytest.MonkeyPatch()
     patch.setattr(_relations, "CACHE_MIN_SPANS", 0)
+    sliced = _incremental.refresh
+
+    def recording(con, **options):  # type: ignore[no-untyped-def]
+        return sliced(con, on_built=lambda step, _: SLICE_STEPS.add(step), **options)
+
+    patch.setattr(_incremental, "refresh", recording)
     d = tmp_path_factory.mktemp("incremental")
     raw = tiled_sample()
     one = new_store(d / "one.duckdb", incremental=False)
@@ -56,6 +66,16 @@ def test_batches_after_the_first_refresh_by_slices(stores: tuple[Store, Store, l
     _, _, kinds = stores
     # a new store is built (empty) when opened; from then on every refresh is a slice
     assert set(kinds) <= {"slice", "none"} and kinds.count("slice") >= BATCHES - 2, kinds
+
+
+def test_a_slice_builds_what_its_stored_tables_read(stores: tuple[Store, Store, list[str]]) -> None:
+    """Every stored table is rebuilt (a default-SLO table from its view's rows), and a view no
+    stored table reads is not created: its rows are computed when it is queried, and binding a
+    mart view binds every view under it."""
+    built = {step.removeprefix("build ") for step in SLICE_STEPS if step.startswith("build ")}
+    assert {"int_attr_candidates_state", "requests", "attributions", "slow_requests"} <= built
+    # per-run relations (recomputed after the slice for the runs it touched) and the raw view
+    assert not built & {"calibration", "slo_summary", "raw_span_attributes"}, built
 
 
 @pytest.mark.parametrize("relation", COMPARED)
