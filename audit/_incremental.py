@@ -89,9 +89,9 @@ LOOKBACK_TAKEN: Final = ("int_attr_executions_timed", "int_attr_decisions_resolv
 run used, the decisions of those executions): once a slice has built one, its rows of the
 requests anchored before the region surely holds them whole are replaced by the stored rows of
 the requests anchored in that past, so the region need not reach back over the lookback. The
-tables are replaced rather than read through common table expressions: the range joins reading
-them (int_attr_candidates_in_flight, int_attr_idle_prefills) are planned as IEJoins only in a
-query without materialised CTEs."""
+tables are replaced rather than read through common table expressions: the range join reading
+them (int_attr_candidates_in_flight) is planned as an IEJoin only in a query without
+materialised CTEs."""
 
 TAKEN_NEW_ONLY: Final = {"int_attr_candidates_resolved": ("int_attr_decisions_resolved",)}
 """Per-decision relations of :data:`LOOKBACK_TAKEN` that read another one: a slice builds them

@@ -2,9 +2,10 @@
 -- only within its trace) whose prefill ran alone: the chosen
 -- replica had no request queued or in prefill at the decision (drain 0), and no other request's
 -- prefill on that replica overlapped its prefill. These calibrate what a prompt costs on an idle
--- replica (int_attr_replica_fits). Its own relation with no shared CTE, and (replica, instant)
--- folded into one key: DuckDB then plans the overlap lookup as an IEJoin, linear in its output,
--- instead of a hash join on replica comparing every pair (quadratic in a replica's history).
+-- replica (int_attr_replica_fits). The overlap is found by one pass over each replica's
+-- prefills in start order, not by joining prefills to prefills: a range join is quadratic in a
+-- replica's history on an engine that cannot plan it as an interval join (Spark), and two
+-- window functions over one sort are linear on both.
 with
 
 idle_starts as (
@@ -19,54 +20,50 @@ idle_starts as (
         and exec_span_id is not null
 ),
 
-idle_prefills as (
+prefills_in_order as (
+    -- each replica's prefills (both instants known, the first token not before the start) in
+    -- start order, with the latest first token of those before it in that order and the start
+    -- of the next. Two prefills overlap when each starts before the other's first token: one
+    -- that started earlier overlaps this one iff its first token came after this one's start,
+    -- and a later one iff it started before this one's first token, the next one first
     select
+        request_key,
+        span_id,
+        prefill_start_at,
+        first_token_at,
+        max(first_token_at) over (
+            partition by replica
+            order by prefill_start_at, request_key, span_id
+            rows between unbounded preceding and 1 preceding
+        ) as earlier_first_token_at,
+        lead(prefill_start_at) over (
+            partition by replica
+            order by prefill_start_at, request_key, span_id
+        ) as next_prefill_start_at
+    from int_attr_executions_timed
+    where
+        prefill_start_at is not null
+        and first_token_at >= prefill_start_at
+),
+
+final as (
+    -- an execution without both instants has no prefill to share: nothing overlaps it
+    select distinct
         e.request_key,
-        e.span_id,
-        e.replica,
-        (cast(hash(e.replica) >> 2 as hugeint) << 64)
-        + epoch_us(e.prefill_start_at) as prefill_start_key,
-        (cast(hash(e.replica) >> 2 as hugeint) << 64)
-        + epoch_us(e.first_token_at) as first_token_key
+        e.span_id
     from int_attr_executions_timed as e
     semi join idle_starts as i
         on e.request_key = i.request_key
         and e.span_id = i.span_id
-),
-
-all_prefills as (
-    select
-        request_key,
-        span_id,
-        replica,
-        (cast(hash(replica) >> 2 as hugeint) << 64)
-        + epoch_us(prefill_start_at) as prefill_start_key,
-        (cast(hash(replica) >> 2 as hugeint) << 64)
-        + epoch_us(first_token_at) as first_token_key
-    from int_attr_executions_timed
-),
-
-prefill_overlaps as (
-    -- the hash key could only mix replicas on a 62-bit collision; the replica is re-checked.
-    -- One reference per CTE: a CTE read twice is materialised, and then no IEJoin is planned
-    select
-        e.request_key,
-        e.span_id,
-        coalesce(bool_or(o.replica = e.replica), false) as shared
-    from idle_prefills as e
-    left join all_prefills as o
-        on o.prefill_start_key < e.first_token_key
-        and o.first_token_key > e.prefill_start_key
-        and (o.span_id <> e.span_id or o.request_key <> e.request_key)
-    group by e.request_key, e.span_id
-),
-
-final as (
-    select
-        request_key,
-        span_id
-    from prefill_overlaps
-    where not shared
+    left join prefills_in_order as p
+        on e.request_key = p.request_key
+        and e.span_id = p.span_id
+    where
+        not coalesce(
+            p.earlier_first_token_at > p.prefill_start_at
+            or p.next_prefill_start_at < p.first_token_at,
+            false
+        )
 )
 
 select * from final
