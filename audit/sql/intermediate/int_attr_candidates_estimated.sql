@@ -179,6 +179,47 @@ scrapes as (
     select * from int_attr_replica_scrapes
 ),
 
+waits_capped as (
+    -- on the replica that ran the request, the work present whose first token came after the
+    -- request's prefill started shared those steps with the request's own chunks (a step's
+    -- time grows with the tokens it computes), so its measured first token counts part of the
+    -- request's own prefill: the drain there is at most the time to the request's prefill
+    -- start plus the prefill tokens that work had left then (drain_shared_tokens) computed
+    -- alone (the idle fit, at the replica's speed). Without an idle fit the measured drain
+    -- stands. One row per (decision, replica) with such work
+    select distinct
+        s.request_key,
+        s.attempt,
+        s.decision_span_id,
+        s.replica,
+        greatest(
+            s.wait_est_ms - greatest(
+                s.drain_ms - (
+                    date_diff('microsecond', s.decided_at, s.exec_prefill_start_at) / 1000.0
+                    + coalesce(c.speed_factor, 1.0) * (
+                        f.idle_prefill_intercept_ms
+                        + f.idle_prefill_ms_per_token * s.drain_shared_tokens
+                        + f.idle_prefill_attn_ms_per_token2 * s.drain_shared_tokens
+                        * s.drain_shared_tokens / 2.0
+                    )
+                ),
+                0.0
+            ),
+            0.0
+        ) as wait_est_ms
+    from state as s
+    inner join all_requests as j
+        on s.request_key = j.request_key
+    inner join calibration_fleet as f
+        on j.part = f.part
+        and j.run_id is not distinct from f.run_id
+    left join calibration_speeds as c
+        on j.part = c.part
+        and j.run_id is not distinct from c.run_id
+        and s.replica = c.replica
+    where s.drain_shared_tokens is not null and f.idle_prefill_ms_per_token is not null
+),
+
 decisions as (
     select distinct
         request_key,
@@ -210,7 +251,8 @@ kv_pressure as (
 
 estimated as (
     select
-        s.* exclude (cached_assumed_tokens, cache_source),
+        s.* exclude (cached_assumed_tokens, cache_source, wait_est_ms),
+        coalesce(w.wait_est_ms, s.wait_est_ms) as wait_est_ms,
         -- an alternative's cache is its own prefix history, bounded by its turnover and room
         -- (int_attr_candidates_state), never capped at the router's prediction, even where
         -- its KV usage was high: an index that keeps one replica per prefix predicts 0 where
@@ -256,6 +298,11 @@ estimated as (
     cross join thresholds as t
     inner join state as s
         on j.request_key = s.request_key
+    left join waits_capped as w
+        on s.request_key = w.request_key
+        and s.attempt is not distinct from w.attempt
+        and s.decision_span_id is not distinct from w.decision_span_id
+        and s.replica = w.replica
     left join kv_pressure as k
         on s.request_key = k.request_key
         and s.attempt is not distinct from k.attempt
@@ -312,12 +359,17 @@ exec_waits as (
     -- the wait the work present at the decision put on the replica that ran it (its estimate
     -- on that replica's row of the same decision; a replica listed twice: the longer)
     select
-        request_key,
-        attempt,
-        decision_span_id,
-        max(wait_est_ms) as exec_wait_est_ms
-    from state
-    where replica = exec_replica
+        s.request_key,
+        s.attempt,
+        s.decision_span_id,
+        max(coalesce(w.wait_est_ms, s.wait_est_ms)) as exec_wait_est_ms
+    from state as s
+    left join waits_capped as w
+        on s.request_key = w.request_key
+        and s.attempt is not distinct from w.attempt
+        and s.decision_span_id is not distinct from w.decision_span_id
+        and s.replica = w.replica
+    where s.replica = s.exec_replica
     group by all
 ),
 

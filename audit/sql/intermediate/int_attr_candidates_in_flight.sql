@@ -72,6 +72,23 @@ present_work as (
         e.prefill_start_at > c.decided_at as is_queued,
         e.first_token_at,
         e.uncached_tokens,
+        -- on the replica that ran this request, a work whose first token came after this
+        -- request's prefill started shared steps with the request's own chunks: its prefill
+        -- tokens left at that start (the share of its prefill time still to run; all of them if
+        -- it started later)
+        case
+            when e.replica = c.replica
+                and c.replica = c.exec_replica
+                and c.exec_prefill_start_at >= c.decided_at
+                and e.first_token_at > c.exec_prefill_start_at
+                then coalesce(e.uncached_tokens, 0) * case
+                    when e.prefill_start_at >= c.exec_prefill_start_at then 1.0
+                    else date_diff('microsecond', c.exec_prefill_start_at, e.first_token_at)
+                        / greatest(
+                            date_diff('microsecond', e.prefill_start_at, e.first_token_at), 1
+                        )
+                end
+        end as shared_tokens,
         coalesce(e.output_tokens, 0) as output_tokens,
         coalesce(e.input_tokens, 0) as input_tokens,
         case
@@ -125,7 +142,12 @@ final as (
             cast(round(input_tokens + output_tokens * (1.0 - decode_left)) as bigint)
         ) filter (where same_replica and not is_queued) as true_held_tokens,
         max(date_diff('microsecond', decided_at, first_token_at) / 1000.0)
-            filter (where same_replica and first_token_at > decided_at) as drain_ms
+            filter (where same_replica and first_token_at > decided_at) as drain_ms,
+        -- the prefill tokens left, at this request's prefill start, of the work present whose
+        -- first token came after it (null: none, or not the replica that ran the request)
+        sum(cast(round(shared_tokens * 1000) as bigint))
+            filter (where same_replica and first_token_at > decided_at) / 1000.0
+            as drain_shared_tokens
     from present_work
     group by all
 )

@@ -632,6 +632,7 @@ candidates_with_state as (
         coalesce(s.true_remaining_tokens, 0.0) as true_remaining_tokens,
         coalesce(s.true_queued_prefill_tokens, 0) as true_queued_prefill_tokens,
         coalesce(s.drain_ms, 0.0) as drain_ms,
+        s.drain_shared_tokens,
         -- cache the request would have found there: the replica's report where it ran; else
         -- the replica's own history of the prompt's prefix blocks (the blocks it served
         -- before the decision, in proportion of the prompt); else the router's prediction
