@@ -60,7 +60,8 @@ def test_partitions_the_watermark_passes_are_marked_final(tmp_path: Path) -> Non
         finals: list[int] = []
         flagged_without_slice = 0
         seen_final: set[int] = set()
-        for batch in _in_time_order(raw):
+        ordered = _in_time_order(raw)
+        for batch_no, batch in enumerate(ordered):
             store.append(spans=batch["spans"], events=batch["events"],
                          snapshots=batch["snapshots"])
             store.refresh()
@@ -71,8 +72,12 @@ def test_partitions_the_watermark_passes_are_marked_final(tmp_path: Path) -> Non
             wrong = [r for r in rows
                      if r["verdict_final"] != ((r["part"] + 1) * PART_NS + LONGEST_NS <= watermark)]
             assert not wrong, (len(wrong), wrong[:3])
-            # every relation carrying the flag agrees with requests
-            for relation in ("attributions", "int_attr_requests_judged", "int_attr_candidates_assessed"):
+            # every relation carrying the flag agrees with requests (the two views, computed
+            # whole from the view tree in a store this small, every third batch and the last)
+            checked = ("int_attr_requests_judged",)
+            if batch_no % 3 == 0 or batch_no == len(ordered) - 1:
+                checked += ("attributions", "int_attr_candidates_assessed")
+            for relation in checked:
                 disagree = store.query_arrow(
                     f"select count(*) from {relation} as x join requests as r using (request_key) "
                     f"where x.verdict_final <> r.verdict_final").column(0)[0].as_py()
