@@ -209,8 +209,11 @@ def test_the_slow_page_query_is_the_two_queries(sample_store: Path) -> None:
         {"limit": 3}, {"policy": "cache_aware", "run": run},
     ]
     seen_rows = 0
-    for slo in (None, audit.SLO(ttft_ms=300.0, tpot_ms=100.0), audit.SLO(ttft_ms=60_000.0, tpot_ms=1e4)):
-        for kw in cases:
+    # every case cached and live; the SLO under which nothing is slow (each live query computes
+    # every request's verdict again) for the whole store only
+    for slo, slo_cases in ((None, cases), (audit.SLO(ttft_ms=300.0, tpot_ms=100.0), cases),
+                           (audit.SLO(ttft_ms=60_000.0, tpot_ms=1e4), cases[:1])):
+        for kw in slo_cases:
             page = queries.slow_page(reader, slo, **kw)  # type: ignore[arg-type]
             limit = kw.pop("limit", None)
             rows = queries.slow_requests(reader, slo, **kw,  # type: ignore[arg-type]
