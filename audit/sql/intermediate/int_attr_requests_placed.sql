@@ -194,7 +194,9 @@ policy_replayed as (
         arg_min(f.replica, (f.view_qp_rank, f.stable_key))
             filter (where f.view_qp_rank is not null) as view_least_qp_replica,
         count(f.view_qp_rank) as view_qp_candidates,
-        any_value(f.replica) filter (where f.chosen) as chosen_replica
+        any_value(f.replica) filter (where f.chosen) as chosen_replica,
+        -- the view is what the router recorded, not rebuilt from scrapes
+        bool_and(f.evidence_source = 'recorded') as view_recorded
     from final_rows as f
     where f.eligible and f.replica_observed
     group by f.request_key
@@ -373,6 +375,9 @@ score_replay as (
         bool_or(direction_known) as direction_known,
         bool_or(chosen_scored) as chosen_scored,
         bool_or(scores_equal) as scores_equal,
+        -- every quantity used is a request count (waiting + running + pending, waiting +
+        -- running, waiting): compared as true counts on the true state
+        coalesce(bool_and(ord <= 3) filter (where used), false) as counts_only,
         concat_ws(
             ', ',
             any_value(quantity) filter (where used and ord = 1),
@@ -399,6 +404,7 @@ score_replay_described as (
     select
         request_key,
         case when fitting > 0 and true_choices = 1 then true_replica end as true_replica,
+        fitting > 0 and true_choices = 1 and counts_only as compares_counts,
         case
             when fitting > 0 and true_choices = 1
                 then 'its recorded score '
@@ -448,7 +454,8 @@ policy_bases as (
         min_true_load as min_load,
         max_true_load as max_load,
         best_match_replica,
-        best_match_rate
+        best_match_rate,
+        view_recorded
     from policy_replayed
     union all
     select
@@ -468,7 +475,8 @@ policy_bases as (
         min_seen_load as min_load,
         max_seen_load as max_load,
         view_best_match_replica as best_match_replica,
-        best_match_rate
+        best_match_rate,
+        view_recorded
     from policy_replayed
 ),
 
@@ -499,7 +507,14 @@ policy_rule as (
                 and p.best_match_rate > t.cache_aware_cache_threshold
                 then p.best_match_replica
             when p.policy_name = 'cache_aware' then p.least_requests_replica
-        end as replica
+        end as replica,
+        -- the rule compares request counts (and the cache predictions, the same on both
+        -- bases): on the view the counts the router recorded, on the true state the true
+        -- ones, the same quantities
+        p.view_complete
+        and p.policy_name in ('least_request', 'least_requests', 'cache_aware')
+            as compares_counts,
+        p.view_recorded
     from policy_bases as p
     cross join thresholds as t
 ),
@@ -510,7 +525,9 @@ policy_choice as (
         any_value(policy_name) as policy_name,
         any_value(chosen_replica) as chosen_replica,
         any_value(replica) filter (where basis = 'true') as policy_true_replica,
-        any_value(replica) filter (where basis = 'view') as policy_view_replica
+        any_value(replica) filter (where basis = 'view') as policy_view_replica,
+        any_value(compares_counts) filter (where basis = 'view') as policy_compares_counts,
+        bool_and(view_recorded) as view_recorded
     from policy_rule
     group by request_key
 ),
@@ -524,6 +541,13 @@ policy_choice_checked as (
         c.policy_name,
         coalesce(c.policy_true_replica, s.true_replica) as policy_true_replica,
         c.policy_view_replica,
+        coalesce(
+            c.view_recorded and (
+                (c.policy_view_replica is not null and c.policy_compares_counts)
+                or (c.policy_true_replica is null and s.compares_counts)
+            ),
+            false
+        ) as policy_view_compares_counts,
         s.replayed_as as policy_score_replayed_as
     from policy_choice as c
     left join score_replay_described as s
@@ -538,6 +562,7 @@ policy_choice_estimated as (
         c.policy_name,
         c.policy_true_replica,
         c.policy_view_replica,
+        c.policy_view_compares_counts,
         c.policy_score_replayed_as,
         min(f.ttft_est_ms) as policy_true_ttft_est_ms,
         min(f.wait_est_ms) as policy_true_wait_est_ms,
@@ -636,6 +661,7 @@ final as (
         p.policy_true_seen_load,
         p.policy_true_true_load,
         p.policy_true_router_est_queue_ms,
+        p.policy_view_compares_counts,
         p.policy_score_replayed_as,
         sr.not_replayed as policy_score_not_replayed
     from request_level as r

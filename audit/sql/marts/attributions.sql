@@ -184,7 +184,11 @@ judged as (
                     -- the view of the chosen replica, or of the one chosen on the true state,
                     -- was materially wrong (its load, or the router's queue estimate)
                     and (
-                        abs(s.c_true_load - s.c_seen_load) >= t.stale_min_gap
+                        -- a rule comparing request counts gave the chosen replica on the
+                        -- counts the router saw and another on the true ones: the counts it
+                        -- compared differed, by however little
+                        s.policy_view_compares_counts
+                        or abs(s.c_true_load - s.c_seen_load) >= t.stale_min_gap
                         or abs(s.policy_true_true_load - s.policy_true_seen_load)
                         >= t.stale_min_gap
                         or (s.in_herding_episode and s.c_true_load > s.c_seen_load)
