@@ -491,7 +491,7 @@ def close(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
                     f"min({RANGE_COLUMN}), max({RANGE_COLUMN}) from main.requests "
                     f"where part >= {lo} and part < {hi} group by part")
         _owned_parts(con, lo, hi)
-        for _, table in _incremental._derived_tables(con):
+        for _, table, _cols in _incremental._derived_tables(con):
             typed = _columns(con, f"main.{table}")
             cols = [c for c, _ in typed]
             kind = _incremental._ownership(cols)
