@@ -52,7 +52,8 @@ QUERIES: dict[str, str] = {
 
 
 class StoreExporter:
-    """An SDK ``SpanExporter`` that decodes like the collector and appends to a Store."""
+    """An SDK ``SpanExporter`` that decodes like the collector (an OTLP/protobuf body, the native
+    decoder) and appends to a Store."""
 
     def __init__(self, store: Any, batch: int) -> None:
         self.store = store
@@ -73,13 +74,13 @@ class StoreExporter:
     def _flush(self) -> None:
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-        from collectors.otlp._decode import decode
+        from collectors.otlp._decode import decode_protobuf
 
         if not self.buf:
             return
         spans, self.buf = self.buf, []
         t = time.perf_counter()
-        batch = decode(encode_spans(spans), time.time_ns())
+        batch = decode_protobuf(encode_spans(spans).SerializeToString(), time.time_ns())
         t2 = time.perf_counter()
         self.store.append(spans=batch.spans, events=batch.events)
         self.append_s += time.perf_counter() - t2
