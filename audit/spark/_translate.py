@@ -739,6 +739,65 @@ def _printf_floats(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     return tree.transform(swap)
 
 
+def _json_patch_pairs(node: exp.Expr) -> tuple[exp.Expr, list[tuple[str, exp.Expr]]] | None:
+    """For ``json_merge_patch('{}', json_object(k, if(list_contains(keys, k), null, v), ...))``:
+    (``keys``, [(k, the whole ``if``), ...]); None for any other expression."""
+    if not (isinstance(node, exp.Anonymous) and node.name.lower() == "json_merge_patch"
+            and len(node.expressions) == 2 and _string_literal(node.expressions[0]) == "{}"
+            and isinstance(node.expressions[1], exp.JSONObject)):
+        return None
+    keys: exp.Expr | None = None
+    pairs: list[tuple[str, exp.Expr]] = []
+    for pair in node.expressions[1].expressions:
+        key = _string_literal(pair.this) if isinstance(pair, exp.JSONKeyValue) else None
+        value = pair.expression if isinstance(pair, exp.JSONKeyValue) else None
+        if key is None or not (isinstance(value, exp.If) and isinstance(value.args.get("true"), exp.Null)
+                               and isinstance(value.this, exp.ArrayContains)
+                               and _string_literal(value.this.expression) == key):
+            return None
+        if keys is None:
+            keys = value.this.this
+        elif value.this.this != keys:
+            return None
+        pairs.append((key, value))
+    return (keys, pairs) if keys is not None and pairs else None
+
+
+def _json_objects(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``json_merge_patch(s, json_merge_patch('{}', json_object(k1, if(list_contains(keys, k1),
+    null, v1), ...)))``, where ``keys`` holds the keys of the JSON object ``s`` (its
+    ``json_keys``): ``s`` with each ``ki`` it lacks set to ``vi`` where ``vi`` is not NULL. Spark
+    has neither function. As every added key is one ``s`` lacks, the two objects share no key and
+    the patch is their union: Spark writes the added pairs with ``to_json(named_struct(...))``
+    (which leaves out NULL fields, as the inner patch drops NULL members) and joins the two texts
+    (``s`` as stored, the added pairs after it). Only that form is translated; another merge
+    would need a key-by-key patch Spark cannot write. The texts differ from DuckDB's in
+    formatting (spaces, key order, number forms), not in the object they parse to."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        if not (isinstance(node, exp.Anonymous) and node.name.lower() == "json_merge_patch"
+                and len(node.expressions) == 2):
+            return node
+        found = _json_patch_pairs(node.expressions[1])
+        if found is None:
+            if _string_literal(node.expressions[0]) != "{}":
+                raise ValueError("json_merge_patch is translated only as the union of an object "
+                                 "and the pairs of keys it lacks")
+            return node
+        _, pairs = found
+        stored = _spark(node.expressions[0])
+        fields = ", ".join(f"'{k}', {_spark(v)}" for k, v in pairs)
+        added = f"to_json(named_struct({fields}))"
+        text = f"rtrim({stored})"
+        return sqlglot.parse_one(
+            f"case when {added} = '{{}}' then {stored} "
+            f"when coalesce(size(json_object_keys({stored})), 0) = 0 then {added} "
+            f"else concat(substr({text}, 1, length({text}) - 1), ',', substr({added}, 2)) end",
+            read="spark")
+
+    return tree.transform(swap)
+
+
 def _parallel_unnests(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     """Several ``unnest(list)`` in one select list: DuckDB unnests them side by side (the i-th
     elements in one row, the shorter lists padded with NULL); Spark's several ``explode``
@@ -783,6 +842,7 @@ REWRITES: Final[dict[str, Rewrite]] = {
     "unnest_struct": _unnest_struct,
     "printf_floats": _printf_floats,
     "parallel_unnests": _parallel_unnests,
+    "json_objects": _json_objects,
 }
 """The engine-specific pieces, by name, applied in this order (docs/scale-out.md)."""
 
