@@ -490,7 +490,7 @@ def _refresh(con: duckdb.DuckDBPyConnection,
                     f"union all select 'judge_from_ns', '{int(pl.t0_ns)}' {context}")
         if stored_windows:
             _context_requests(con, main, pl, parts)
-        once = _computed_once(con, main, rels)
+        once = _computed_once(con, rels)
         # a view no table of the slice reads is not created: the slice stores nothing from it
         # (binding a mart view binds every view under it, a tenth of a small slice's time)
         as_tables = {r.name for r in rels if r.name not in as_views or r.name in once}
@@ -724,7 +724,7 @@ VERDICTS_KEPT_FROM: Final = "verdicts_kept_from_ns"
 whose windows reach before it recomputes them from raw rows instead of reading stored ones."""
 
 
-def _computed_once(con: duckdb.DuckDBPyConnection, main: str,
+def _computed_once(con: duckdb.DuckDBPyConnection,
                    rels: list[_relations.Relation]) -> set[str]:
     """The parametrised relations a slice computes as temporary tables instead of views: those
     its default-SLO tables are replaced from (but the per-run ones :func:`refresh_runs`
