@@ -14,16 +14,39 @@ estimated as (
     select * from int_attr_candidates_estimated
 ),
 
+thresholds as (
+    select * from int_attr_thresholds
+),
+
+estimated_queues as (
+    -- the queue (Q) a Q + P policy would have estimated on the true state: where what the
+    -- router recorded of the replica was its true state at the decision (the same waiting and
+    -- running, nothing pending, sampled less than misroute_min_ms before: too little time for
+    -- a material drain), the router's own estimate, its cost model on those inputs (the
+    -- audit's wait in its place would pass the router's misjudging of work it saw right for a
+    -- stale view); elsewhere the audit's wait at the fleet's speed (the router's estimates
+    -- know the load, not the speed)
+    select
+        e.*,
+        case
+            when e.router_est_queue_ms is not null
+                and e.seen_waiting = e.true_waiting
+                and e.seen_running = e.true_running
+                and coalesce(e.seen_pending, 0) = 0
+                and e.telemetry_age_ms < t.misroute_min_ms
+                then e.router_est_queue_ms
+            else e.wait_nominal_ms
+        end as true_queue_ms
+    from estimated as e
+    cross join thresholds as t
+),
+
 all_requests as (
     select
         request_key,
         input_tokens,
         predicted_cached_tokens
     from requests
-),
-
-thresholds as (
-    select * from int_attr_thresholds
 ),
 
 final_rows as (
@@ -37,13 +60,13 @@ final_rows as (
         r.predicted_cached_tokens,
         round(e.ttft_est_ms / t.estimate_tolerance_ms) as ttft_est_rank,
         round(e.wait_est_ms / t.estimate_tolerance_ms) as wait_est_rank,
-        -- Q + P on the true wait with the router's own prefill estimate (its cache view), the
-        -- wait at the fleet's speed: the router's estimates know the load, not the speed
+        -- Q + P on the true state (estimated_queues) with the router's own prefill estimate
+        -- (its cache view)
         round(
-            (e.wait_nominal_ms + coalesce(e.router_est_prefill_ms, e.prefill_est_ms))
+            (e.true_queue_ms + coalesce(e.router_est_prefill_ms, e.prefill_est_ms))
             / t.estimate_tolerance_ms
         ) as true_qp_rank,
-        round(e.wait_nominal_ms / t.estimate_tolerance_ms) as wait_nominal_rank,
+        round(e.true_queue_ms / t.estimate_tolerance_ms) as true_queue_rank,
         round(
             (e.router_est_queue_ms + e.router_est_prefill_ms) / t.estimate_tolerance_ms
         ) as view_qp_rank,
@@ -59,7 +82,7 @@ final_rows as (
             'router_est_queue_ms': e.router_est_queue_ms,
             'router_est_prefill_ms': e.router_est_prefill_ms
         } as stable_key
-    from estimated as e
+    from estimated_queues as e
     cross join thresholds as t
     inner join all_requests as r
         on e.request_key = r.request_key
@@ -229,7 +252,7 @@ score_rows as (
         round(f.router_est_queue_ms + f.router_est_prefill_ms, 6) as view_qp,
         cast(f.true_qp_rank as double) as true_qp,
         round(f.router_est_queue_ms, 6) as view_queue,
-        cast(f.wait_nominal_rank as double) as true_queue
+        cast(f.true_queue_rank as double) as true_queue
     from final_rows as f
     inner join policy_replayed as p
         on f.request_key = p.request_key
