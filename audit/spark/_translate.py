@@ -739,9 +739,10 @@ def _printf_floats(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     return tree.transform(swap)
 
 
-def _json_patch_pairs(node: exp.Expr) -> tuple[exp.Expr, list[tuple[str, exp.Expr]]] | None:
-    """For ``json_merge_patch('{}', json_object(k, if(list_contains(keys, k), null, v), ...))``:
-    (``keys``, [(k, the whole ``if``), ...]); None for any other expression."""
+def _json_patch_pairs(node: exp.Expr) -> list[tuple[str, exp.Expr]] | None:
+    """For ``json_merge_patch('{}', json_object(k, if(list_contains(keys, k), null, v), ...))``,
+    every ``if`` testing the same ``keys``: [(k, the whole ``if``), ...]; None for any other
+    expression."""
     if not (isinstance(node, exp.Anonymous) and node.name.lower() == "json_merge_patch"
             and len(node.expressions) == 2 and _string_literal(node.expressions[0]) == "{}"
             and isinstance(node.expressions[1], exp.JSONObject)):
@@ -760,7 +761,7 @@ def _json_patch_pairs(node: exp.Expr) -> tuple[exp.Expr, list[tuple[str, exp.Exp
         elif value.this.this != keys:
             return None
         pairs.append((key, value))
-    return (keys, pairs) if keys is not None and pairs else None
+    return pairs or None
 
 
 def _json_objects(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
@@ -778,13 +779,12 @@ def _json_objects(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
         if not (isinstance(node, exp.Anonymous) and node.name.lower() == "json_merge_patch"
                 and len(node.expressions) == 2):
             return node
-        found = _json_patch_pairs(node.expressions[1])
-        if found is None:
+        pairs = _json_patch_pairs(node.expressions[1])
+        if pairs is None:
             if _string_literal(node.expressions[0]) != "{}":
                 raise ValueError("json_merge_patch is translated only as the union of an object "
                                  "and the pairs of keys it lacks")
             return node
-        _, pairs = found
         stored = _spark(node.expressions[0])
         fields = ", ".join(f"'{k}', {_spark(v)}" for k, v in pairs)
         added = f"to_json(named_struct({fields}))"
