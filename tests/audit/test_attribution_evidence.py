@@ -100,19 +100,19 @@ def test_an_idle_alternatives_pool_is_sized_from_the_decisions_other_candidates(
     """B, idle (no KV usage to size its pool), served S's first two blocks 60 s before S. C,
     another candidate, held 10,000 tokens at a KV usage of 0.5 the router saw: a pool of
     20,000 tokens. Sized so, B's cache held the prefix when it allocated nothing since
-    (instead of the 30 s rule of an unsized pool), and not when it allocated 30,000 tokens of
-    other prompts since, more than its 20,000-token room."""
+    (instead of the 30 s rule of an unsized pool), and not when 30,000 tokens of another
+    prompt were released there since, more than its 20,000-token pool."""
     assert _b_after_turnover(b_turnover, c_kv_usage=0.5) == _b_held(held)
 
 
-@pytest.mark.parametrize(("b_turnover", "held"), [(100_000, True), (300_000, False)])
-def test_a_nearly_idle_fleets_pool_is_bounded_below_by_what_its_replicas_held(
+@pytest.mark.parametrize(("b_turnover", "held"), [(400_000, True), (600_000, False)])
+def test_a_nearly_idle_fleets_pool_is_sized_from_the_usage_it_was_seen_at(
         b_turnover: int, held: bool) -> None:
-    """No candidate was seen at a KV usage of 0.05 or more: C held 10,000 tokens at 0.02, so
-    its pool, and B's alike, is at least 200,000 tokens (10,000 / 0.05). B served S's first two
-    blocks 60 s before S and is prefilling a prompt admitted since: held while that prompt
-    leaves room in the pool (100,000 tokens), not when it fills more than the pool (300,000),
-    instead of the 30 s rule of an unsized pool either way."""
+    """No candidate was seen at a KV usage of 0.05 or more: C held 10,000 tokens at 0.02, a
+    pool of 500,000 tokens, B's alike. B served S's first two blocks 60 s before S and is
+    prefilling a prompt admitted since: held while that prompt leaves room in the pool for the
+    prefix (400,000 tokens), not when it fills more than the pool (600,000), instead of the
+    30 s rule of an unsized pool either way."""
     assert _b_after_turnover(b_turnover, c_kv_usage=0.02) == _b_held(held)
 
 

@@ -181,23 +181,27 @@ decision_blocks as (
     where d.chosen_replica is not null
 ),
 
-replica_turnover as (
-    -- per execution: the KV tokens its replica had newly allocated up to and including it
-    -- (uncached prompt and output tokens, counted at its first token), a running integer sum
-    -- per replica. Only the difference of two rows of one replica is read (the turnover
-    -- between them), so where the sum starts (a slice reads a shorter history) does not matter
+replica_releases as (
+    -- per execution: the prefix-cache entries its replica had released up to and including its
+    -- end, a running integer sum per replica in end order of the prompt tokens of every
+    -- execution ended by then. An ended execution's prompt blocks stay cached, the ones it
+    -- computed and the ones it found cached alike, each now among the most recently released
+    -- in the LRU order; its output's blocks are freed. A block several prompts shared counts
+    -- once for each: an upper bound. Only the difference of two rows of one replica is read
+    -- (what was released between them), so where the sum starts (a slice reads a shorter
+    -- history) does not matter
     select
         replica,
         request_key,
         first_token_at,
         end_at_eff,
-        sum(uncached_tokens + coalesce(output_tokens, 0)) over (
+        sum(coalesce(input_tokens, uncached_tokens)) over (
             partition by replica
-            order by first_token_at
-            -- executions with the same first token count together, so whichever of them a
-            -- lookup finds, the sum is the same
+            order by end_at_eff
+            -- executions with the same end count together, so whichever of them a lookup
+            -- finds, the sum is the same
             range between unbounded preceding and current row
-        ) as turnover_through
+        ) as released_through
     from timed
     where first_token_at is not null
 ),
@@ -211,6 +215,7 @@ candidate_alternatives as (
         c.decision_key,
         c.replica,
         d.decided_at,
+        r.input_tokens,
         len(p.prefix_hashes) as n_blocks
     from own_candidates as c
     inner join own_decisions as d
@@ -252,25 +257,32 @@ looked_up_hashes as (
 ),
 
 served_blocks as (
-    -- every looked-up prefix block a replica prefilled, stamped with the request's first token
-    -- and the replica's turnover through it, and until when an execution that prefilled it
-    -- there (this one or an earlier one) still ran: until then the block was referenced, and a
-    -- referenced block is never evicted, whatever the turnover
+    -- every looked-up prefix block a replica prefilled, stamped with the request's first token,
+    -- until when an execution that prefilled it there (this one or an earlier one) still ran
+    -- (until then the block was referenced, and a referenced block is never evicted), and the
+    -- entries the replica had released by then: an LRU cache keeps the block until the entries
+    -- released after it no longer fit beside the work running
     select
         *,
         max(ran_until) over (
             partition by replica, block_hash
             order by served_at
             range between unbounded preceding and current row
-        ) as pinned_until
+        ) as pinned_until,
+        -- the running sum at the latest end so far: the sum grows with the end
+        max(ran_released) over (
+            partition by replica, block_hash
+            order by served_at
+            range between unbounded preceding and current row
+        ) as released_at_unpin
     from (
         select
             e.replica,
             unnest(q.prefix_hashes) as block_hash,
             e.first_token_at as served_at,
             e.end_at_eff as ran_until,
-            e.turnover_through as served_turnover
-        from replica_turnover as e
+            e.released_through as ran_released
+        from replica_releases as e
         inner join decision_prefixes as q
             on e.request_key = q.request_key
     ) as s
@@ -376,8 +388,8 @@ blocks_served as (
         end as served_at,
         case
             when s.replica = b.replica and s.block_hash = b.block_hash
-                then s.served_turnover
-        end as served_turnover,
+                then s.released_at_unpin
+        end as released_at_unpin,
         case
             when s.replica = b.replica and s.block_hash = b.block_hash
                 then s.pinned_until
@@ -414,13 +426,13 @@ prefix_served as (
     group by decision_key
 ),
 
-instant_turnover as (
-    -- each alternative's running turnover at the decision (through the last execution with its
-    -- first token at or before it): the same folded-key ASOF join
+instant_released as (
+    -- each alternative's running sum of released entries at the decision (through the last
+    -- execution ended at or before it): the same folded-key ASOF join
     select
         i.decision_key,
         i.replica,
-        case when t.replica = i.replica then t.turnover_through else 0 end as turnover_at
+        case when t.replica = i.replica then t.released_through else 0 end as released_at
     from (
         select
             *,
@@ -430,30 +442,26 @@ instant_turnover as (
     asof left join (
         select
             replica,
-            turnover_through,
-            (cast(hash(replica) >> 2 as hugeint) << 64) + epoch_us(first_token_at) as at_key
-        from replica_turnover
+            released_through,
+            (cast(hash(replica) >> 2 as hugeint) << 64) + epoch_us(end_at_eff) as at_key
+        from replica_releases
     ) as t
         on i.at_key >= t.at_key
 ),
 
 capacity_seen as (
     -- the replica's prefix-cache room at the decision: its KV pool less the tokens its running
-    -- executions hold. The pool is estimated as those tokens over the KV usage the router saw
-    -- (from a usage of 0.05: below it both are too small to divide); a replica below that,
-    -- nearly or wholly idle, takes the median pool of the decision's candidates that have one
-    -- (the replicas a router chooses among serve one model: their pools are alike), not the
-    -- 30 s rule of an unsized pool: an idle replica's cache is what turns over least. When no
-    -- candidate has that much in use, a pool is at least 20 times (1 / 0.05) what a replica
-    -- seen below 0.05 but above 0 held: the largest such bound
+    -- executions hold. A candidate seen with KV in use gives one estimate of its pool, those
+    -- tokens over the KV usage the router saw of it, and the decision's pool is the median of
+    -- its candidates' estimates (the replicas a router chooses among serve one model: their
+    -- pools are alike). One estimate is noisy both ways: work admitted or finished between the
+    -- router's sample and the decision moves the tokens and not the usage, and executions
+    -- sharing cached blocks count them once each. No estimate (nothing in use on the fleet the
+    -- router saw): no pool
     select
         decision_key,
         replica,
-        coalesce(
-            own_pool,
-            min(own_pool) over (partition by decision_key),
-            max(pool_at_least) over (partition by decision_key)
-        )
+        median(own_pool) over (partition by decision_key)
         - coalesce(held_tokens, 0) as cache_room
     from (
         select
@@ -462,16 +470,10 @@ capacity_seen as (
             max(s.true_held_tokens) as held_tokens,
             max(
                 case
-                    when c.seen_kv_usage >= 0.05
+                    when c.seen_kv_usage > 0 and s.true_held_tokens > 0
                         then s.true_held_tokens / c.seen_kv_usage
                 end
-            ) as own_pool,
-            max(
-                case
-                    when c.seen_kv_usage > 0 and c.seen_kv_usage < 0.05
-                        then s.true_held_tokens / 0.05
-                end
-            ) as pool_at_least
+            ) as own_pool
         from own_candidates as c
         left join true_state_aggregated as s
             on c.decision_key = s.decision_key
@@ -482,22 +484,25 @@ capacity_seen as (
 
 alternative_limits as (
     -- what a block must meet to count as held by an alternative at the decision: served there
-    -- within 300 s, and a busy replica's LRU prefix cache turns over, so only while the tokens
-    -- newly allocated there since its service fit in the room its running executions leave in
-    -- the pool (capacity_seen); without a KV usage to size the pool, served within 30 s. A
-    -- block an execution still running there prefilled is held whatever the turnover
-    -- (deepest_held: pinned_until)
+    -- within 300 s, and a busy replica's LRU prefix cache evicts the entries released longest
+    -- ago first, so only while the entries released there since the block's last execution
+    -- ended, with the prompt's prefix up to the block itself (its share of the prompt), fit in
+    -- the room its running executions leave in the pool (capacity_seen); without a KV usage to
+    -- size the pool, served within 30 s. A block an execution still running there prefilled
+    -- is held whatever was released (deepest_held: pinned_until)
     select
         a.decision_key,
         a.replica,
         a.decided_at,
-        t.turnover_at,
+        t.released_at,
+        a.input_tokens,
+        a.n_blocks,
         c.cache_room,
         a.decided_at - case
             when c.cache_room is null then interval 30 second else interval 300 second
         end as served_since
     from candidate_alternatives as a
-    inner join instant_turnover as t
+    inner join instant_released as t
         on a.decision_key = t.decision_key
         and a.replica = t.replica
     left join capacity_seen as c
@@ -516,7 +521,9 @@ deepest_held as (
                     b.served_at >= l.served_since
                     and (
                         l.cache_room is null
-                        or l.turnover_at - b.served_turnover <= l.cache_room
+                        or l.released_at - b.released_at_unpin
+                        + coalesce(l.input_tokens, 0) * b.block_pos / l.n_blocks
+                        <= l.cache_room
                     )
                 ),
                 false
@@ -557,8 +564,8 @@ fallback_served as (
         end as served_at,
         case
             when s.replica = b.replica and s.block_hash = b.block_hash
-                then s.served_turnover
-        end as served_turnover,
+                then s.released_at_unpin
+        end as released_at_unpin,
         case
             when s.replica = b.replica and s.block_hash = b.block_hash
                 then s.pinned_until
@@ -591,7 +598,9 @@ fallback_held as (
                         b.served_at >= l.served_since
                         and (
                             l.cache_room is null
-                            or l.turnover_at - b.served_turnover <= l.cache_room
+                            or l.released_at - b.released_at_unpin
+                            + coalesce(l.input_tokens, 0) * b.block_pos / l.n_blocks
+                            <= l.cache_room
                         )
                     ),
                     false
