@@ -63,7 +63,10 @@ present_work as (
     -- that arrived at the very instant t was decided before or after this one (coarse clocks
     -- and batched arrivals make such ties common): when the same router decided both with
     -- different pending totals, the smaller came first; else, on the replica that ran this
-    -- request, it came first when its prefill started first (FCFS); else it counts
+    -- request, it came first when its prefill started first (FCFS); else, decided by the same
+    -- router with nothing to order the two (a router without pending correction records no
+    -- pending total), it does not count: nothing says it came first; else (another router's)
+    -- it counts
     select
         c.decision_key,
         c.replica,
@@ -120,6 +123,8 @@ present_work as (
                     then e.e_pending_total < c.pending_total
                 when c.replica = c.exec_replica
                     then e.prefill_start_at < c.exec_prefill_start_at
+                when e.e_router_id = c.router_id
+                    then false
                 else true
             end
         )
