@@ -382,6 +382,20 @@ def _folded_keys(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     return tree.transform(swap)
 
 
+def _hashes(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    """``hash(x, ...)`` outside a folded key (a row's fingerprint, summed per block to find the
+    blocks that share one service history): DuckDB's is 64 bits, Spark's ``hash`` 32, too few
+    for a fingerprint; Spark's ``xxhash64(x, ...)`` is 64. The values differ between the
+    engines, not which rows hash alike, so the classes they find are the same."""
+
+    def swap(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Anonymous) and node.name.lower() == "hash":
+            return exp.Anonymous(this="xxhash64", expressions=[e.copy() for e in node.expressions])
+        return node
+
+    return tree.transform(swap)
+
+
 def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
     if isinstance(node, exp.And):
         return _conjuncts(node.this) + _conjuncts(node.expression)
@@ -824,6 +838,7 @@ REWRITES: Final[dict[str, Rewrite]] = {
     "md5_number": _md5_number,
     "folded_keys": _folded_keys,
     "folded_range_joins": _folded_range_joins,
+    "hashes": _hashes,
     "hugeint": _hugeint,
     "cte_materialisation": _cte_materialisation,
     "distinct_list_window": _distinct_list_window,

@@ -147,6 +147,21 @@ QUERIES: dict[str, str] = {
         from (values (1500, 2), (2250, 3), (2500, 4), (3500, 5), (1234, 6)) as t(a, n)
         order by a
     """,
+    "hashes": """
+        select block, n, min(block) over (partition by n, p1, p2) as class
+        from (
+            select block, count(*) as n, sum(cast(hash(r, t) as hugeint)) as p1,
+                sum(cast(hash(t, r, 'row') as hugeint)) as p2
+            from (
+                select r, t, unnest(blocks) as block
+                from (values ('r1', 1, ['a', 'b', 'c']), ('r1', 2, ['a', 'b']),
+                    ('r2', 1, ['a', 'b', 'd']), ('r2', 5, ['e']), ('r3', 5, ['f', 'g']),
+                    ('r2', 5, ['g', 'f'])) as x(r, t, blocks)
+            ) as u
+            group by block
+        ) as b
+        order by block
+    """,
     "parallel_unnests": """
         select k, unnest(l) as v, unnest(range(1, len(l) + 1)) as i
         from (values (1, ['a', 'b', 'c']), (2, ['d'])) as t(k, l)
@@ -378,3 +393,12 @@ def test_overlapping_intervals_are_not_bucketed_by_a_point(spark: SparkSession,
     translation = translate(OVERLAP_JOIN)  # ``spans`` is read twice: a step of its own
     assert "__range_bucket" not in translation.sql, translation.sql
     assert [tuple(r) for r in _evaluate(spark, translation).collect()] == want
+
+
+def test_a_fingerprint_hash_is_64_bits_on_spark() -> None:
+    """Spark's ``hash`` is 32 bits: summed fingerprints of that width would put blocks with
+    different histories in one class once there are tens of thousands of them."""
+    from audit.spark import translate
+
+    sql = translate("select sum(cast(hash(r, t) as hugeint)) as p from x").sql.lower()
+    assert "xxhash64(r, t)" in sql and " hash(" not in sql

@@ -165,22 +165,6 @@ cache_shortfalls as (
     having max(c.predicted_cached_tokens) > coalesce(any_value(d.exec_cached_tokens), 0)
 ),
 
-decision_blocks as (
-    select
-        d.decision_key,
-        d.chosen_replica,
-        coalesce(d.exec_prefill_start_at, d.decided_at) as needed_at,
-        len(p.prefix_hashes) as n_blocks,
-        unnest(p.prefix_hashes) as block_hash
-    from own_decisions as d
-    semi join cache_shortfalls as f
-        on d.decision_key = f.decision_key
-    inner join decision_prefixes as p
-        on d.request_key = p.request_key
-        and d.decision_span_id = p.decision_span_id
-    where d.chosen_replica is not null
-),
-
 replica_releases as (
     -- per execution: the prefix-cache entries its replica had released up to and including its
     -- end, a running integer sum per replica in end order of the prompt tokens of every
@@ -206,6 +190,82 @@ replica_releases as (
     where first_token_at is not null
 ),
 
+served_rows as (
+    -- each prompt a replica served, stamped with the request's first token, until when that
+    -- execution still ran (until then its blocks were referenced, and a referenced block is
+    -- never evicted), and the entries the replica had released by its end: an LRU cache keeps
+    -- a block until the entries released after it no longer fit beside the work running. Each
+    -- prefix block of the prompt has this row in its history; two fingerprints of the row
+    -- (block_classes)
+    select
+        e.replica,
+        e.first_token_at as served_at,
+        e.end_at_eff as ran_until,
+        e.released_through as ran_released,
+        hash(e.replica, e.first_token_at, e.end_at_eff, e.released_through) as row_print,
+        hash(e.released_through, e.end_at_eff, e.first_token_at, e.replica, 'row')
+            as row_print_2,
+        q.prefix_hashes
+    from replica_releases as e
+    inner join decision_prefixes as q
+        on e.request_key = q.request_key
+),
+
+block_classes as (
+    -- every served block with its class: the blocks whose history rows are one multiset (the
+    -- same count and the same two sums of the rows' fingerprints) have one history, so the
+    -- history is kept and looked up once per class, named by its smallest block hash (most
+    -- blocks of a shared prefix only ever occur together: 36M history rows become 1.79M at
+    -- 1M requests). Exact for any hashes, chained or not
+    select
+        block_hash,
+        min(block_hash) over (partition by n_rows, print, print_2) as class_hash
+    from (
+        select
+            block_hash,
+            count(*) as n_rows,
+            sum(cast(row_print as hugeint)) as print,
+            sum(cast(row_print_2 as hugeint)) as print_2
+        from (
+            select
+                row_print,
+                row_print_2,
+                unnest(prefix_hashes) as block_hash
+            from served_rows
+        ) as u
+        group by block_hash
+    ) as b
+),
+
+decision_blocks as (
+    -- the blocks of a shortfall decision's prompt that some replica served, by class: a
+    -- class's blocks were served together, so it is looked up once and counts for its blocks
+    select
+        b.decision_key,
+        b.chosen_replica,
+        b.needed_at,
+        b.n_blocks,
+        c.class_hash,
+        count(*) as class_blocks
+    from (
+        select
+            d.decision_key,
+            d.chosen_replica,
+            coalesce(d.exec_prefill_start_at, d.decided_at) as needed_at,
+            len(p.prefix_hashes) as n_blocks,
+            unnest(p.prefix_hashes) as block_hash
+        from own_decisions as d
+        semi join cache_shortfalls as f
+            on d.decision_key = f.decision_key
+        inner join decision_prefixes as p
+            on d.request_key = p.request_key
+            and d.decision_span_id = p.decision_span_id
+        where d.chosen_replica is not null
+    ) as b
+    inner join block_classes as c
+        on b.block_hash = c.block_hash
+    group by b.decision_key, b.chosen_replica, b.needed_at, b.n_blocks, c.class_hash
+),
 
 candidate_alternatives as (
     -- every other candidate of a final decision whose span carries prefix hashes: what that
@@ -232,97 +292,104 @@ candidate_alternatives as (
         and (j.judge_from_ns is null or r.anchor_ns >= j.judge_from_ns)
 ),
 
-final_decision_blocks as (
-    -- each block of a judged final decision's prompt with its position, once per decision
+final_decision_classes as (
+    -- each class served somewhere among a judged final decision's prompt blocks, with its
+    -- deepest position in the prompt, once per decision
     select
-        d.decision_key,
-        unnest(p.prefix_hashes) as block_hash,
-        unnest(range(1, len(p.prefix_hashes) + 1)) as block_pos
-    from own_decisions as d
-    inner join decision_prefixes as p
-        on d.request_key = p.request_key
-        and d.decision_span_id = p.decision_span_id
-    semi join candidate_alternatives as a
-        on d.decision_key = a.decision_key
-    where d.is_final
+        b.decision_key,
+        c.class_hash,
+        max(b.block_pos) as block_pos
+    from (
+        select
+            d.decision_key,
+            unnest(p.prefix_hashes) as block_hash,
+            unnest(range(1, len(p.prefix_hashes) + 1)) as block_pos
+        from own_decisions as d
+        inner join decision_prefixes as p
+            on d.request_key = p.request_key
+            and d.decision_span_id = p.decision_span_id
+        semi join candidate_alternatives as a
+            on d.decision_key = a.decision_key
+        where d.is_final
+    ) as b
+    inner join block_classes as c
+        on b.block_hash = c.block_hash
+    group by b.decision_key, c.class_hash
 ),
 
-looked_up_hashes as (
-    -- the blocks of the prompts whose cache is looked up below: every lookup of the history
+looked_up_classes as (
+    -- the classes of the prompts whose cache is looked up below: every lookup of the history
     -- is of one of these, so the history keeps only them (a slice reads minutes of prefix
     -- history for seconds of new decisions)
-    select block_hash from final_decision_blocks
+    select class_hash from final_decision_classes
     union
-    select block_hash from decision_blocks
+    select class_hash from decision_blocks
 ),
 
-served_blocks as (
-    -- every looked-up prefix block a replica prefilled, stamped with the request's first token,
-    -- until when an execution that prefilled it there (this one or an earlier one) still ran
-    -- (until then the block was referenced, and a referenced block is never evicted), and the
-    -- entries the replica had released by then: an LRU cache keeps the block until the entries
-    -- released after it no longer fit beside the work running
+served_classes as (
+    -- each class's history on each replica (served_rows), with until when an execution that
+    -- prefilled it there (this one or an earlier one) still ran and the entries the replica had
+    -- released by then, running maxima in service order
     select
         *,
         max(ran_until) over (
-            partition by replica, block_hash
+            partition by replica, class_hash
             order by served_at
             range between unbounded preceding and current row
         ) as pinned_until,
         -- the running sum at the latest end so far: the sum grows with the end
         max(ran_released) over (
-            partition by replica, block_hash
+            partition by replica, class_hash
             order by served_at
             range between unbounded preceding and current row
         ) as released_at_unpin
     from (
         select
-            e.replica,
-            unnest(q.prefix_hashes) as block_hash,
-            e.first_token_at as served_at,
-            e.end_at_eff as ran_until,
-            e.released_through as ran_released
-        from replica_releases as e
-        inner join decision_prefixes as q
-            on e.request_key = q.request_key
+            replica,
+            served_at,
+            ran_until,
+            ran_released,
+            unnest(prefix_hashes) as class_hash
+        from served_rows
     ) as s
-    semi join looked_up_hashes as h
-        on s.block_hash = h.block_hash
+    -- a row holds each class's named block once: one row per execution and class
+    semi join looked_up_classes as h
+        on s.class_hash = h.class_hash
 ),
 
 served_pairs as (
     select distinct
         replica,
-        block_hash
-    from served_blocks
+        class_hash
+    from served_classes
 ),
 
 deepest_served as (
     -- per judged decision and replica, the deepest block of the prompt that replica ever
-    -- served (a block it never served is not held). Its held blocks are the deepest position
-    -- held, so when this block is held that is its position, whatever the blocks before it:
-    -- it is looked up first, alone, and an alternative's other blocks only when it is not held
-    -- (on a busy fleet whose prompts share long prefixes served on every replica, most
-    -- alternatives need this one lookup instead of one per block). The deepest position is
-    -- found first and its block joined back (a position is one block of the decision's
-    -- prompt): a max over a plain integer is a hash aggregation on Spark, an arg_max carrying
-    -- the hash a sort of every (block, replica) pair
+    -- served (a block it never served is not held): the deepest position of a class served
+    -- there. Its held blocks are the deepest position held, so when this block is held that is
+    -- its position, whatever the blocks before it: it is looked up first, alone, and an
+    -- alternative's other classes only when it is not held (on a busy fleet whose prompts
+    -- share long prefixes served on every replica, most alternatives need this one lookup).
+    -- The deepest position is found first and its class joined back (a position is one class
+    -- of the decision's prompt): a max over a plain integer is a hash aggregation on Spark, an
+    -- arg_max carrying the hash a sort of every (class, replica) pair
     select
         s.decision_key,
         s.replica,
         s.block_pos,
-        b.block_hash
+        b.class_hash
     from (
         select
             f.decision_key,
             v.replica,
             max(f.block_pos) as block_pos
-        from final_decision_blocks as f
+        from final_decision_classes as f
         inner join served_pairs as v
-            on f.block_hash = v.block_hash
+            on f.class_hash = v.class_hash
         group by f.decision_key, v.replica
     ) as s
-    inner join final_decision_blocks as b
+    inner join final_decision_classes as b
         on s.decision_key = b.decision_key
         and s.block_pos = b.block_pos
 ),
@@ -333,7 +400,7 @@ candidate_deepest as (
         a.replica,
         a.decided_at,
         s.block_pos,
-        s.block_hash
+        s.class_hash
     from deepest_served as s
     inner join candidate_alternatives as a
         on s.decision_key = a.decision_key
@@ -341,16 +408,17 @@ candidate_deepest as (
 ),
 
 block_lookups as (
-    -- the (decision, replica, block) triples looked up first: the chosen replica's blocks of a
-    -- shortfall decision before its prefill, and each alternative's deepest block served
+    -- the (decision, replica, class) triples looked up first: the chosen replica's classes of
+    -- a shortfall decision before its prefill, and each alternative's deepest class served
     -- there, at the decision instant
     select
         'chosen' as side,
         decision_key,
         chosen_replica as replica,
-        block_hash,
+        class_hash,
         needed_at as looked_up_at,
         n_blocks,
+        class_blocks,
         null as block_pos
     from decision_blocks
     union all
@@ -358,55 +426,56 @@ block_lookups as (
         'alternative' as side,
         decision_key,
         replica,
-        block_hash,
+        class_hash,
         decided_at as looked_up_at,
         null as n_blocks,
+        null as class_blocks,
         block_pos
     from candidate_deepest
 ),
 
 served_keyed as (
-    -- each service of a block, keyed for the ASOF joins below: the (replica, block, instant)
+    -- each service of a class, keyed for the ASOF joins below: the (replica, class, instant)
     -- triple is folded into one orderable key, so an ASOF join is one sort-merge instead of
-    -- one partition per block (several times slower); a match is kept only when it is the same
-    -- replica and block. Each join reads only the (replica, block) pairs it looks up: a prefix
-    -- block shared by most requests is served on every replica
+    -- one partition per class (several times slower); a match is kept only when it is the same
+    -- replica and class. Each join reads only the (replica, class) pairs it looks up: a prefix
+    -- shared by most requests is served on every replica
     select
         *,
-        (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
+        (cast(hash(replica, class_hash) >> 2 as hugeint) << 64)
         + epoch_us(served_at) as served_key
-    from served_blocks
+    from served_classes
 ),
 
 blocks_served as (
-    -- the last time the replica served each block looked up at or before its instant
+    -- the last time the replica served each class looked up at or before its instant
     select
         b.*,
         case
-            when s.replica = b.replica and s.block_hash = b.block_hash
+            when s.replica = b.replica and s.class_hash = b.class_hash
                 then s.served_at
         end as served_at,
         case
-            when s.replica = b.replica and s.block_hash = b.block_hash
+            when s.replica = b.replica and s.class_hash = b.class_hash
                 then s.released_at_unpin
         end as released_at_unpin,
         case
-            when s.replica = b.replica and s.block_hash = b.block_hash
+            when s.replica = b.replica and s.class_hash = b.class_hash
                 then s.pinned_until
         end as pinned_until
     from (
         select
             *,
-            (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
+            (cast(hash(replica, class_hash) >> 2 as hugeint) << 64)
             + epoch_us(looked_up_at) as needed_key
         from block_lookups
     ) as b
     asof left join (
         select s.*
         from served_keyed as s
-        semi join (select distinct replica, block_hash from block_lookups) as p
+        semi join (select distinct replica, class_hash from block_lookups) as p
             on s.replica = p.replica
-            and s.block_hash = p.block_hash
+            and s.class_hash = p.class_hash
     ) as s
         on b.needed_key >= s.served_key
 ),
@@ -419,8 +488,8 @@ prefix_served as (
     select
         decision_key,
         max(served_at) as prefix_last_served_at,
-        count(served_at) as prefix_shared_blocks,
-        count(served_at) / any_value(n_blocks) as prefix_shared_frac
+        cast(sum(class_blocks) as bigint) as prefix_shared_blocks,
+        cast(sum(class_blocks) as bigint) / any_value(n_blocks) as prefix_shared_frac
     from blocks_served
     where side = 'chosen' and served_at >= looked_up_at - interval 300 second
     group by decision_key
@@ -536,22 +605,21 @@ deepest_held as (
 ),
 
 fallback_lookups as (
-    -- every block of the prompt served on an alternative whose deepest block is not held
+    -- every class of the prompt served on an alternative whose deepest block is not held
     select
         f.decision_key,
         f.replica,
-        b.block_hash,
-        a.decided_at as looked_up_at,
-        b.block_pos
+        b.class_hash,
+        a.decided_at as looked_up_at
     from deepest_held as f
     inner join candidate_alternatives as a
         on f.decision_key = a.decision_key
         and f.replica = a.replica
-    inner join final_decision_blocks as b
+    inner join final_decision_classes as b
         on f.decision_key = b.decision_key
     semi join served_pairs as v
         on f.replica = v.replica
-        and b.block_hash = v.block_hash
+        and b.class_hash = v.class_hash
     where not f.held
 ),
 
@@ -559,32 +627,56 @@ fallback_served as (
     select
         b.*,
         case
-            when s.replica = b.replica and s.block_hash = b.block_hash
+            when s.replica = b.replica and s.class_hash = b.class_hash
                 then s.served_at
         end as served_at,
         case
-            when s.replica = b.replica and s.block_hash = b.block_hash
+            when s.replica = b.replica and s.class_hash = b.class_hash
                 then s.released_at_unpin
         end as released_at_unpin,
         case
-            when s.replica = b.replica and s.block_hash = b.block_hash
+            when s.replica = b.replica and s.class_hash = b.class_hash
                 then s.pinned_until
         end as pinned_until
     from (
         select
             *,
-            (cast(hash(replica, block_hash) >> 2 as hugeint) << 64)
+            (cast(hash(replica, class_hash) >> 2 as hugeint) << 64)
             + epoch_us(looked_up_at) as needed_key
         from fallback_lookups
     ) as b
     asof left join (
         select s.*
         from served_keyed as s
-        semi join (select distinct replica, block_hash from fallback_lookups) as p
+        semi join (select distinct replica, class_hash from fallback_lookups) as p
             on s.replica = p.replica
-            and s.block_hash = p.block_hash
+            and s.class_hash = p.class_hash
     ) as s
         on b.needed_key >= s.served_key
+),
+
+fallback_positions as (
+    -- every position of the looked-up classes in their prompts: a class's blocks share its
+    -- service, but the held test is per position (the prompt's prefix up to the block is one
+    -- of its terms)
+    select
+        b.decision_key,
+        c.class_hash,
+        b.block_pos
+    from (
+        select
+            d.decision_key,
+            unnest(p.prefix_hashes) as block_hash,
+            unnest(range(1, len(p.prefix_hashes) + 1)) as block_pos
+        from own_decisions as d
+        inner join decision_prefixes as p
+            on d.request_key = p.request_key
+            and d.decision_span_id = p.decision_span_id
+        semi join fallback_lookups as f
+            on d.decision_key = f.decision_key
+    ) as b
+    inner join block_classes as c
+        on b.block_hash = c.block_hash
 ),
 
 fallback_held as (
@@ -606,7 +698,15 @@ fallback_held as (
                     false
                 )
         ) as held_blocks
-    from fallback_served as b
+    from (
+        select
+            s.*,
+            q.block_pos
+        from fallback_served as s
+        inner join fallback_positions as q
+            on s.decision_key = q.decision_key
+            and s.class_hash = q.class_hash
+    ) as b
     inner join alternative_limits as l
         on b.decision_key = l.decision_key
         and b.replica = l.replica
