@@ -69,13 +69,15 @@ def duckdb_refresh(store: Path, copy: Path) -> float:
     return seconds
 
 
-def spark_build(raw: Path, out: Path, master: str, java_options: str | None = None) -> dict[str, Any]:
+def spark_build(raw: Path, out: Path, master: str, java_options: str | None = None,
+                driver_memory: str = "2g") -> dict[str, Any]:
     from audit import spark as routeaudit_spark
 
     t = time.perf_counter()
     spark = routeaudit_spark.session(master, shuffle_partitions=int(master[6:-1]) * 2,
                                      app_name=f"routeaudit-bench-{master}",
-                                     java_options=java_options)
+                                     java_options=java_options,
+                                     driver_memory=driver_memory)
     start_s = time.perf_counter() - t
     try:
         t = time.perf_counter()
@@ -159,6 +161,8 @@ def main() -> None:
     ap.add_argument("--short-run-jvm", action="store_true",
                     help="the driver JVM with audit.spark.SHORT_RUN_JAVA_OPTIONS (C1 only, serial GC; "
                          "applies to the first master only: one JVM per process)")
+    ap.add_argument("--driver-memory", default="2g",
+                    help="the driver JVM's heap, where local[N] runs every task (first master only)")
     args = ap.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="spark_scaling_"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -184,7 +188,8 @@ def main() -> None:
         for master in args.masters:
             out = folder / f"out_{args.scenario}_{n}_{master[6:-1]}"
             r = spark_build(raw, out, master,
-                            routeaudit_spark.SHORT_RUN_JAVA_OPTIONS if args.short_run_jvm else None)
+                            routeaudit_spark.SHORT_RUN_JAVA_OPTIONS if args.short_run_jvm else None,
+                            args.driver_memory)
             rate = n / r["build_s"]
             print(f"[{n:>9,}] Spark {master}: build {r['build_s']:.1f} s ({rate:,.0f} requests/s), "
                   f"write {r['write_s']:.1f} s, session start {r['start_s']:.1f} s; slowest: "

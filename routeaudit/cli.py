@@ -237,7 +237,8 @@ def _stderr(text: str) -> None:
 def cmd_spark(args: argparse.Namespace) -> int:
     from audit.spark import command
 
-    return command(raw=args.raw, out=args.out, master=args.master, export_from=args.db)
+    return command(raw=args.raw, out=args.out, master=args.master, export_from=args.db,
+                   driver_memory=args.driver_memory)
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
@@ -387,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
     p.add_argument("--db", default=None,
                    help="first export this DuckDB store's raw tables and settings to --raw")
+    p.add_argument("--driver-memory", default="2g",
+                   help="the Spark driver's heap, where a local[N] master runs every task "
+                        "(default 2g; about 1M requests on local[2] need more)")
     p.set_defaults(func=cmd_spark)
 
     p = sub.add_parser("dashboard", help="open the Streamlit dashboard on a store")

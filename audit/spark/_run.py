@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 META_TABLE: Final = "routeaudit_meta"
 DEFAULT_MASTER: Final = "local[2]"
+DEFAULT_DRIVER_MEMORY: Final = "2g"
+"""The driver JVM's heap unless told otherwise: enough for the tests and runs of about
+100,000 requests on ``local[2]``; a larger local run needs more (``--driver-memory``)."""
 SHORT_RUN_JAVA_OPTIONS: Final = ("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC "
                                  "-XX:ReservedCodeCacheSize=256m")
 """Driver JVM options for a short local run (a test, a run of tens of thousands of requests):
@@ -43,18 +46,21 @@ then a generated run of 20,000 requests) ran mostly so. 256 MB holds both builds
 
 
 def session(master: str = DEFAULT_MASTER, *, shuffle_partitions: int = 4,
-            app_name: str = "routeaudit", java_options: str | None = None) -> SparkSession:
+            app_name: str = "routeaudit", java_options: str | None = None,
+            driver_memory: str = DEFAULT_DRIVER_MEMORY) -> SparkSession:
     """A SparkSession set up as the relations need: UTC session time zone (timestamps are
     instants), non-ANSI arithmetic (a division by zero is NULL, as in DuckDB).
     ``java_options``: the driver JVM's options (``spark.driver.extraJavaOptions``, e.g.
-    :data:`SHORT_RUN_JAVA_OPTIONS`); they apply only when this call starts the JVM."""
+    :data:`SHORT_RUN_JAVA_OPTIONS`); ``driver_memory``: its heap (``spark.driver.memory``,
+    where a ``local[N]`` master runs every task); both apply only when this call starts the
+    JVM."""
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.ansi.enabled", "false")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-               .config("spark.driver.memory", "2g")
+               .config("spark.driver.memory", driver_memory)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"))
@@ -262,7 +268,7 @@ def run(raw: str | os.PathLike[str], out: str | os.PathLike[str], *,
 
 
 def command(*, raw: str, out: str, master: str = DEFAULT_MASTER,
-            export_from: str | None = None) -> int:
+            export_from: str | None = None, driver_memory: str = DEFAULT_DRIVER_MEMORY) -> int:
     """``routeaudit spark``: optionally export a store's raw tables to ``raw``, then build the
     relations with Spark and write the public ones to ``out``; prints what it wrote."""
     import importlib.util
@@ -285,7 +291,7 @@ def command(*, raw: str, out: str, master: str = DEFAULT_MASTER,
     for table in RAW_TABLES:
         if not (Path(raw) / table).is_dir():
             raise StoreError(f"{raw}: no {table}/ folder (export one with --db STORE)")
-    built = run(raw, out, master=master)
+    built = run(raw, out, master=master, driver_memory=driver_memory)
     for name in built.written:
         print(f"{Path(out) / name}")
     for name, why in {**built.failed, **built.skipped}.items():
