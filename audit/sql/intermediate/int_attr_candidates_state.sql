@@ -292,6 +292,21 @@ candidate_alternatives as (
         and (j.judge_from_ns is null or r.anchor_ns >= j.judge_from_ns)
 ),
 
+judged_prompts as not materialized (
+    -- the prompt of each judged final decision with an alternative to look up (inline at each
+    -- reference: one reads every block, the other the few prompts of fallback lookups)
+    select
+        d.decision_key,
+        p.prefix_hashes
+    from own_decisions as d
+    inner join decision_prefixes as p
+        on d.request_key = p.request_key
+        and d.decision_span_id = p.decision_span_id
+    semi join candidate_alternatives as a
+        on d.decision_key = a.decision_key
+    where d.is_final
+),
+
 final_decision_classes as (
     -- each class served somewhere among a judged final decision's prompt blocks, with its
     -- deepest position in the prompt, once per decision
@@ -301,16 +316,10 @@ final_decision_classes as (
         max(b.block_pos) as block_pos
     from (
         select
-            d.decision_key,
-            unnest(p.prefix_hashes) as block_hash,
-            unnest(range(1, len(p.prefix_hashes) + 1)) as block_pos
-        from own_decisions as d
-        inner join decision_prefixes as p
-            on d.request_key = p.request_key
-            and d.decision_span_id = p.decision_span_id
-        semi join candidate_alternatives as a
-            on d.decision_key = a.decision_key
-        where d.is_final
+            decision_key,
+            unnest(prefix_hashes) as block_hash,
+            unnest(range(1, len(prefix_hashes) + 1)) as block_pos
+        from judged_prompts
     ) as b
     inner join block_classes as c
         on b.block_hash = c.block_hash
@@ -665,15 +674,12 @@ fallback_positions as (
         b.block_pos
     from (
         select
-            d.decision_key,
-            unnest(p.prefix_hashes) as block_hash,
-            unnest(range(1, len(p.prefix_hashes) + 1)) as block_pos
-        from own_decisions as d
-        inner join decision_prefixes as p
-            on d.request_key = p.request_key
-            and d.decision_span_id = p.decision_span_id
+            j.decision_key,
+            unnest(j.prefix_hashes) as block_hash,
+            unnest(range(1, len(j.prefix_hashes) + 1)) as block_pos
+        from judged_prompts as j
         semi join fallback_lookups as f
-            on d.decision_key = f.decision_key
+            on j.decision_key = f.decision_key
     ) as b
     inner join block_classes as c
         on b.block_hash = c.block_hash
