@@ -1,9 +1,15 @@
 """``routeaudit spark`` as the README gives it: export a store's raw tables, build every
-relation with Spark, write the public ones where DuckDB reads them; and its refusals."""
+relation with Spark, write the public ones where DuckDB reads them; and its refusals.
+
+The whole command over the sample data takes minutes of Spark's fixed costs (planning and
+compiling every relation), which the equivalence test already pays for the same build and
+write: it is marked ``slow`` (``pytest -m slow tests/spark/test_cli.py``). In CI the command's
+own part runs for real up to the build: the store exported, the arguments handed on."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -15,6 +21,7 @@ pytestmark = [pytest.mark.skipif(_missing() is not None, reason=_missing() or ""
               pytest.mark.xdist_group("spark")]
 
 
+@pytest.mark.slow
 def test_the_command_writes_the_relations_duckdb_reads(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     from routeaudit._demo import write_sample_store
@@ -35,6 +42,40 @@ def test_the_command_writes_the_relations_duckdb_reads(tmp_path: Path,
         f"select request_key, status, served_by from read_parquet('{out}/requests/**/*.parquet', "
         "hive_partitioning = true)").fetchall())
     assert got == want and len(want) > 100
+
+
+def test_the_command_exports_the_store_and_hands_on_its_options(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to the build, for real: the store's raw tables exported to ``--raw``; the build
+    itself (covered by the equivalence test) receives the folders, master and heap."""
+    from audit.spark import _run
+    from routeaudit._demo import write_sample_store
+
+    store = write_sample_store(tmp_path / "sample.duckdb")
+    seen: dict[str, Any] = {}
+
+    def build(raw: str, out: str, **options: Any) -> _run.Built:
+        seen.update(raw=raw, out=out, **options)
+        return _run.Built(written=["requests"], skipped={"x": "reads y"})
+
+    monkeypatch.setattr(_run, "run", build)
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    rc = main(["spark", "--db", str(store), "--raw", str(raw), "--out", str(out),
+               "--master", "spark://h:7077", "--driver-memory", "6g"])
+    printed = capsys.readouterr()
+    assert rc == 0
+    assert seen == {"raw": str(raw), "out": str(out), "master": "spark://h:7077",
+                    "driver_memory": "6g"}
+    assert printed.out.splitlines() == [str(out / "requests")]
+    assert "not built: x: reads y" in printed.err
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        spans = con.execute("select count(*) from raw_spans").fetchall()[0][0]
+    finally:
+        con.close()
+    exported = duckdb.sql(f"select count(*) from read_parquet('{raw}/raw_spans/**/*.parquet', "
+                          "hive_partitioning = true)").fetchall()[0][0]
+    assert exported == spans > 0
 
 
 def test_a_raw_folder_without_its_tables_is_refused(tmp_path: Path,
