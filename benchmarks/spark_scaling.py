@@ -70,14 +70,15 @@ def duckdb_refresh(store: Path, copy: Path) -> float:
 
 
 def spark_build(raw: Path, out: Path, master: str, java_options: str | None = None,
-                driver_memory: str = "2g") -> dict[str, Any]:
+                driver_memory: str | None = None) -> dict[str, Any]:
     from audit import spark as routeaudit_spark
 
     t = time.perf_counter()
     spark = routeaudit_spark.session(master, shuffle_partitions=int(master[6:-1]) * 2,
                                      app_name=f"routeaudit-bench-{master}",
                                      java_options=java_options,
-                                     driver_memory=driver_memory)
+                                     driver_memory=driver_memory
+                                     or routeaudit_spark.DEFAULT_DRIVER_MEMORY)
     start_s = time.perf_counter() - t
     try:
         t = time.perf_counter()
@@ -161,8 +162,9 @@ def main() -> None:
     ap.add_argument("--short-run-jvm", action="store_true",
                     help="the driver JVM with audit.spark.SHORT_RUN_JAVA_OPTIONS (C1 only, serial GC; "
                          "applies to the first master only: one JVM per process)")
-    ap.add_argument("--driver-memory", default="2g",
-                    help="the driver JVM's heap, where local[N] runs every task (first master only)")
+    ap.add_argument("--driver-memory", default=None,
+                    help="the driver JVM's heap, where local[N] runs every task (first master "
+                         "only; default audit.spark.DEFAULT_DRIVER_MEMORY)")
     args = ap.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="spark_scaling_"))
     folder.mkdir(parents=True, exist_ok=True)

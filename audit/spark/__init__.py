@@ -7,6 +7,7 @@ pyspark; the functions that run Spark do.
 """
 
 from audit.spark._run import (
+    DEFAULT_DRIVER_MEMORY,
     DEFAULT_MASTER,
     SHORT_RUN_JAVA_OPTIONS,
     Built,
@@ -20,5 +21,6 @@ from audit.spark._run import (
 )
 from audit.spark._translate import REWRITES, Translation, to_spark, translate
 
-__all__ = ["DEFAULT_MASTER", "REWRITES", "SHORT_RUN_JAVA_OPTIONS", "Built", "Translation", "build",
-           "command", "export_raw", "load_raw", "run", "session", "to_spark", "translate", "write_public"]
+__all__ = ["DEFAULT_DRIVER_MEMORY", "DEFAULT_MASTER", "REWRITES", "SHORT_RUN_JAVA_OPTIONS", "Built",
+           "Translation", "build", "command", "export_raw", "load_raw", "run", "session", "to_spark",
+           "translate", "write_public"]
