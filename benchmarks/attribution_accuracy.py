@@ -32,9 +32,12 @@ Like with like:
 * Measured routing savings. The ground truth is labelled with
   ``LabelConfig.measured_routing`` on: where its cost model's estimate decides the label (a
   slow request on a slow replica, whose routing savings compete with slow_replica sized from
-  the measured TTFT, or a modelled routing saving above the whole TTFT), the request's TTFT on
-  every other replica is measured by re-running the simulation with it forced there, to its
-  first token (docs/testbed.md, "Labelling rules"). That is most of the time spent labelling
+  the measured TTFT, a modelled routing saving above the whole TTFT, or memory pressure,
+  which the cost model does not see, on the chosen replica or on the one a routing saving
+  rests on), the request's TTFT on every other replica is measured by re-running the
+  simulation with it forced there, to its first token, and its routing savings and overload
+  sized from those
+  (docs/testbed.md, "Labelling rules"). That is most of the time spent labelling
   ("label" in the timings); ``--modelled-routing`` turns it off.
 * Causes. The ground truth knows misrouting, eviction, stale_telemetry (sub-cause herding),
   overload, slow_replica, long_prompt, none. The audit's stale_telemetry (sub-kind herding or

@@ -171,11 +171,18 @@ class LabelConfig:
         0.85, "a replica with speed below this counts as slow: its slowness alone costs every "
         "request on it at least min_cause_frac of its TTFT (1 - 0.15); the audit's bar"
     )
+    kv_pressure: float = _f(
+        0.85, "KV-cache usage of the chosen replica at the decision from which memory may hold "
+        "up its queue (not modelled): with measured_routing, a TTFT there that the model "
+        "misses by the cause bar is measured; the audit's kv_pressure"
+    )
     measured_routing: bool = _f(
-        False, "measure stale_telemetry and misrouting instead of modelling them where the cost "
-        "model decides the label (a slow request on a slow replica, or a modelled routing "
-        "saving above the TTFT): re-run the simulation with the request forced onto each other "
-        "replica, to its first token"
+        False, "measure stale_telemetry, misrouting and overload instead of modelling them where "
+        "the cost model decides the label (a slow request on a slow replica, a modelled routing "
+        "saving above the TTFT, a TTFT on a chosen replica under memory pressure, preempted "
+        "or at kv_pressure, that the model misses by the cause bar, or a routing saving resting "
+        "on a replica at kv_pressure): re-run the simulation with the request forced onto each other replica, to its "
+        "first token"
     )
 
 

@@ -3,8 +3,10 @@
 Counterfactual TTFTs (what another replica would have given) are estimates: the cost model's
 Q+P on the *true* state at decision time (true backlog, true cache, true speed); with
 ``LabelConfig.measured_routing``, where that estimate decides the label (a slow request on a slow
-replica, or a modelled routing saving above the TTFT), they are measured by re-running the
-simulation with the request forced onto each other replica. Actual TTFT is measured. Each
+replica, a modelled routing saving above the TTFT, a TTFT on a chosen replica under memory
+pressure that the model misses by the cause bar, or a routing saving resting on a replica under
+memory pressure), they are measured by re-running the simulation with the request
+forced onto each other replica. Actual TTFT is measured. Each
 cause gets an attributed number of milliseconds; a cause is assigned when the request is slow
 and its share is significant; the primary cause is the largest share.
 """
@@ -30,10 +32,10 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
     One principle for every cause: its ms are a counterfactual saving, how much lower the TTFT
     would have been had that cause been absent, estimated on the simulator's true state at the
     decision (cost model Q+P, true backlog, true cache, true speed), or for the routing causes
-    measured by forced re-runs (``LabelConfig.measured_routing``, below). On a slow replica the
-    routing savings are sized from its TTFT at the fleet's speed (slowness first: what routing
-    would have saved beyond the replica's slowness, which is slow_replica's). The primary cause
-    is the counted cause with the largest saving.
+    measured by forced re-runs (``LabelConfig.measured_routing``, below; overload too). On a
+    slow replica the routing savings are sized from its TTFT at the fleet's speed (slowness
+    first: what routing would have saved beyond the replica's slowness, which is
+    slow_replica's). The primary cause is the counted cause with the largest saving.
     """
     lc = sim.cfg.labels
     cost = sim.cfg.cost
@@ -122,6 +124,7 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
         )
         routed = rq + rp
     else:
+        rp = rec.est[c][1]
         routed = est_ttft[c]
     out["chosen_est_ttft_ms"] = routed
     # slowness first: on a slow replica the routing causes are credited only with what an
@@ -140,20 +143,43 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
         cause_ms["misrouting"] = max(0.0, routed_nominal - est_ttft[best])
     # measured routing savings (LabelConfig.measured_routing), where the cost model's estimate
     # decides the label: a slow request on a slow replica (the routing savings, modelled on the
-    # true state, compete with slow_replica, sized from the measured TTFT), or one whose
-    # modelled routing saving exceeds its whole TTFT. The TTFT on every other replica is
-    # measured by re-running the simulation with the request routed there (same requests,
-    # configuration and seed; stopped at its first token); the chosen replica's is the actual
-    # one, less the eviction's saving (its own cause), at the fleet's speed on a slow replica
-    # (slowness first, above). Same rules: stale_telemetry = that TTFT less the TTFT on the
-    # policy's true-load choice d; misrouting = what the best replica (least measured TTFT)
-    # would still have saved beyond d, or beyond the chosen replica.
+    # true state, compete with slow_replica, sized from the measured TTFT), one whose modelled
+    # routing saving exceeds its whole TTFT, or one whose TTFT on a chosen replica under memory
+    # pressure (the request preempted, or the KV cache at kv_pressure at the decision) the cost
+    # model misses by the bar or more: memory held up its queue or its prefill there, which the
+    # model does not see, so the model's error no longer cancels between replicas (elsewhere
+    # it does: the steps shared with later requests would have met it on any replica, the
+    # audit's premise too), or one whose modelled routing saving counts and rests on a replica
+    # under memory pressure (the best one, or the policy's true-load choice). The TTFT and the
+    # wait on every other replica are measured by
+    # re-running the simulation with the request routed there (same requests, configuration
+    # and seed; stopped at its first token); the chosen replica's are the actual ones, the TTFT
+    # less the eviction's saving (its own cause), at the fleet's speed on a slow replica
+    # (slowness first, above). Same rules:
+    # stale_telemetry = that TTFT less the TTFT on the policy's true-load choice d; misrouting
+    # = what the best replica (least measured TTFT) would still have saved beyond d, or beyond
+    # the chosen replica; overload = the least measured wait (TTFT less the prompt's prefill).
     measured: dict[int, float | None] | None = None
+    snaps = rec.true_snaps
+    memory_missed = (
+        abs(actual - cause_ms["eviction"] - routed) >= margin and seq is not None
+        and (seq.preemptions > 0 or snaps[c].kv_usage >= lc.kv_pressure)
+    ) or (
+        # or the modelled routing saving that counts rests on a replica under memory pressure
+        max(cause_ms["stale_telemetry"], cause_ms["misrouting"]) >= margin
+        and (snaps[best].kv_usage >= lc.kv_pressure
+             or (tl is not None and snaps[tl].kv_usage >= lc.kv_pressure))
+    )
+    measured_waits: list[float] = []
     if (lc.measured_routing and slow and out["actual_ttft_ms"] is not None
-            and (rec.speed < lc.slow_replica_speed
+            and (rec.speed < lc.slow_replica_speed or memory_missed
                  or max(cause_ms["stale_telemetry"], cause_ms["misrouting"]) > actual)):
         measured = {i: sim.forced_ttft_ms(req.request_id, i) for i in range(n) if i != c}
         ttft = {i: t for i, t in measured.items() if t is not None}
+        # the wait there: the TTFT beyond the prompt's own prefill on that replica's true
+        # cache (a scheduler that admits at once shows the work present as a longer prefill)
+        measured_waits = [max(0.0, t - rec.est[i][1]) for i, t in ttft.items()]
+        measured_waits.append(max(0.0, actual - cause_ms["eviction"] - rp))
         ttft[c] = actual * nominal
         routed_there = (actual - cause_ms["eviction"]) * nominal
         best_ttft = min(ttft.values())
@@ -166,7 +192,7 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
             cause_ms["misrouting"] = max(0.0, routed_there - best_ttft)
     out["measured_ttft_ms"] = measured
     # overload: the wait even the best-placed request would have had
-    cause_ms["overload"] = min(q for q, _ in rec.est)
+    cause_ms["overload"] = min(measured_waits) if measured_waits else min(q for q, _ in rec.est)
     # slow replica: at nominal speed everything on it takes `speed` as long
     if rec.speed < lc.slow_replica_speed:
         cause_ms["slow_replica"] = actual * (1.0 - rec.speed)

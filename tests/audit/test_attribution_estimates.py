@@ -73,6 +73,48 @@ def test_a_prefill_stretched_after_the_decision_would_have_been_stretched_elsewh
     assert "misrouting" not in causes
 
 
+def _stretched_on_a(*, preemptions: int = 0, a_kv_usage: float = 0.3):
+    """A and B both idle when S (1000 tokens) went to A, whose prefill of S took 2600 ms
+    instead of 1000 alone; nothing else ran there."""
+    f = calibrated_fleet()
+    for rid, tokens, ms in (("b1", 1000, 1000.0), ("b2", 1200, 1200.0)):
+        e = f.served(rid, "B", arrive=-30_000.0, queue=0.0, input_tokens=tokens)
+        e.update(prefill_ms=ms, ttft_ms=ms)
+    f.decision("S", at_ms=1000.0, chosen="A", policy="round_robin", reason="round_robin",
+               candidates=[{"replica": "A", **seen(0, 0, kv_usage=a_kv_usage)},
+                           {"replica": "B", **seen(0, 0, kv_usage=0.3)}])
+    e = f.served_took("S", "A", arrive=1000.0, queue=0.0, input_tokens=1000,
+                      prefill_ms=2600.0, ttft_ms=2600.0)
+    e.update(preemptions=preemptions)
+    return f.store()
+
+
+@pytest.mark.parametrize(("preemptions", "a_kv_usage"), [(1, 0.3), (0, 0.95)],
+                         ids=["preempted", "kv_near_full"])
+def test_a_prefill_stretched_by_the_replicas_memory_is_not_carried_elsewhere(
+        preemptions: int, a_kv_usage: float) -> None:
+    """The same stretch as above, but S was preempted on A, or A's KV cache was near full when
+    the router looked (at least kv_pressure): the 1600 ms went on losing, recomputing or
+    waiting for blocks there, A's memory, not the prompt. B gets the prompt alone (1000 ms), a
+    saving of 1600 ms; without either sign the stretch is carried to B (no misrouting)."""
+    con = _stretched_on_a(preemptions=preemptions, a_kv_usage=a_kv_usage)
+    (b,) = rows(con, "select prefill_est_ms from int_attr_candidates_estimated "
+                     "where request_key = 'k-S' and replica = 'B'")
+    assert b["prefill_est_ms"] == pytest.approx(1000.0, abs=1.0)
+    (a,) = rows(con, "select prefill_est_ms from int_attr_candidates_estimated "
+                     "where request_key = 'k-S' and replica = 'A'")
+    assert a["prefill_est_ms"] == pytest.approx(2600.0, abs=1.0)
+    p = primary(con, "S")
+    assert p["cause"] == "misrouting"
+    assert p["excess_ms"] == pytest.approx(1600.0, abs=1.0)
+    plain = _stretched_on_a()
+    (b,) = rows(plain, "select prefill_est_ms from int_attr_candidates_estimated "
+                       "where request_key = 'k-S' and replica = 'B'")
+    assert b["prefill_est_ms"] > 2000.0
+    assert "misrouting" not in {
+        r["cause"] for r in rows(plain, "select cause from attributions where request_id='S'")}
+
+
 def test_a_prefill_sharing_steps_with_the_work_present_is_that_works_wait() -> None:
     """P (1500 tokens) was prefilling on A when S (1000 tokens) went there; A admitted S at
     once (queue 0) and their prefills shared steps: S's took 2500 ms instead of 1000. That is

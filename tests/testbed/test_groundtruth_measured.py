@@ -1,9 +1,11 @@
 """Measured routing savings in the ground truth (``LabelConfig.measured_routing``,
 docs/testbed.md, "Labelling rules").
 
-Where the cost model's estimate decides the label (a slow request on a slow replica), the
-ground truth measures the request's TTFT on every other replica by re-running the simulation
-with it forced there, stopped at its first token. These tests check that TTFT against full
+Where the cost model's estimate decides the label (a slow request on a slow replica, or on a
+replica under memory pressure whose TTFT the model misses, or a routing saving resting on a
+replica under memory pressure), the ground truth measures the request's TTFT on every other
+replica by re-running the simulation with it forced there, stopped at its first token, and
+sizes the routing savings and overload from those. These tests check that TTFT against full
 re-runs forced by a policy wrapper of their own (not the simulation's ``forced`` option), that
 the routing savings follow the documented rule on those measured TTFTs (slowness first on a
 slow replica: from its TTFT at the fleet's speed), that they then differ from the modelled ones
@@ -23,8 +25,14 @@ from testbed._groundtruth import CAUSES
 from testbed.policies import Choice
 
 # (scenario, requests, replicas): small runs with slow requests on the slow replica whose
-# modelled and measured routing savings differ
-CASES = [("slow_replica", 60, 4), ("mixed", 80, 4)]
+# modelled and measured routing savings differ, and one with replicas under memory pressure
+CASES = [("slow_replica", 60, 4), ("mixed", 80, 4), ("eviction_pressure", 320, 8)]
+
+
+def row_bar(row: dict[str, Any], lc: testbed.LabelConfig) -> float:
+    """The cause bar of a ground-truth row (its TTFT, or its lifetime without a first token)."""
+    ttft = row["actual_ttft_ms"]
+    return max(lc.min_cause_ms, lc.min_cause_frac * ttft) if ttft is not None else lc.min_cause_ms
 
 
 class _ForceOne:
@@ -101,16 +109,34 @@ def test_measured_ttft_is_a_full_forced_run(runs: Any) -> None:
 
 
 def test_routing_savings_follow_the_measured_ttfts(runs: Any) -> None:
-    _, modelled, rows = runs
+    (scenario, _, _), modelled, rows = runs
     lc = testbed.LabelConfig()
-    changed = 0
+    changed = memory_measured = modelled_on_free = 0
     for old, row in zip(modelled, rows, strict=True):
         on_slow = row["slow"] and row["chosen_speed"] is not None \
             and row["chosen_speed"] < lc.slow_replica_speed and row["actual_ttft_ms"] is not None
         if on_slow:
             assert row["routing_measured"]
+        if row["slow"] and row["actual_ttft_ms"] is not None:
+            # under memory pressure on the chosen replica the cost model missed the TTFT there
+            # by the bar: measured
+            missed = abs(row["actual_ttft_ms"] - row["cause_ms_eviction"]
+                         - row["chosen_est_ttft_ms"])
+            bar = max(lc.min_cause_ms, lc.min_cause_frac * row["actual_ttft_ms"])
+            kv = {s["replica"]: s["kv_usage"] for s in row["true_state"]}[row["chosen"]]
+            if missed >= bar and (row["preemptions"] > 0 or kv >= lc.kv_pressure):
+                assert row["routing_measured"]
+                memory_measured += 1
         if not row["routing_measured"]:
             assert row["measured_ttft_ms"] is None
+            # a modelled routing saving that counts never rests on a replica under memory
+            # pressure (its queue may be held up by memory, which the model does not see)
+            if row["slow"] and max(row["cause_ms_misrouting"],
+                                   row["cause_ms_stale_telemetry"]) >= row_bar(row, lc):
+                kv = {s["replica"]: s["kv_usage"] for s in row["true_state"]}
+                rested_on = [row["best_alternative"], row["decision_on_true_load"]]
+                assert all(kv[r] < lc.kv_pressure for r in rested_on if r is not None)
+                modelled_on_free += 1
             assert {k: v for k, v in row.items()
                     if k not in ("routing_measured", "measured_ttft_ms")} == old
             continue
@@ -130,8 +156,18 @@ def test_routing_savings_follow_the_measured_ttfts(runs: Any) -> None:
         else:
             assert row["cause_ms_stale_telemetry"] == 0.0
             assert row["cause_ms_misrouting"] == max(0.0, routed - best)
+        # overload: the least measured wait, a TTFT less the prompt's prefill on that
+        # replica's true cache (the chosen replica's own wait is one of them)
+        prefill = {s["replica"]: s["est_prefill_ms"] for s in row["true_state"]}
+        waits = [max(0.0, t - prefill[r]) for r, t in row["measured_ttft_ms"].items()
+                 if t is not None]
+        assert 0.0 <= row["cause_ms_overload"] <= min(waits, default=float("inf")) + 1e-6
+        chosen_wait = max(0.0, actual - row["cause_ms_eviction"] - prefill[row["chosen"]])
+        if row["predicted_cached_tokens"] <= row["cached_at_decision_tokens"]:
+            # routed on the cache the replica held: the prompt's prefill is its estimate there
+            assert row["cause_ms_overload"] == pytest.approx(min([*waits, chosen_wait]))
         # the other causes are sized as without the option
-        for cause in ("eviction", "overload", "slow_replica", "long_prompt"):
+        for cause in ("eviction", "slow_replica", "long_prompt"):
             assert row[f"cause_ms_{cause}"] == old[f"cause_ms_{cause}"]
         savings = {c: row[f"cause_ms_{c}"] or 0.0 for c in CAUSES}
         kept = [c for c in CAUSES if savings[c] >= bar]
@@ -142,6 +178,11 @@ def test_routing_savings_follow_the_measured_ttfts(runs: Any) -> None:
                        for c in ("misrouting", "stale_telemetry"))
     # the small runs hold requests where the modelled and the measured savings disagree
     assert changed >= 1
+    if scenario == "eviction_pressure":
+        # and requests measured for memory pressure on the chosen replica, and modelled
+        # savings that count resting on replicas free of it
+        assert memory_measured >= 1
+        assert modelled_on_free >= 1
 
 
 def test_slowness_first_on_a_slow_replica(runs: Any) -> None:
@@ -168,7 +209,9 @@ def test_slowness_first_on_a_slow_replica(runs: Any) -> None:
             assert (actual - ev) * (1.0 - speed) + row["cause_ms_misrouting"] \
                 == pytest.approx(moved)
             split += 1
-    assert split >= 1
+    # every run with a slow replica holds such a split
+    assert split >= 1 or all(row["chosen_speed"] is None
+                             or row["chosen_speed"] >= lc.slow_replica_speed for row in rows)
 
 
 def test_slowness_first_in_the_modelled_labels() -> None:

@@ -362,7 +362,8 @@ exec_waits as (
         s.request_key,
         s.attempt,
         s.decision_span_id,
-        max(coalesce(w.wait_est_ms, s.wait_est_ms)) as exec_wait_est_ms
+        max(coalesce(w.wait_est_ms, s.wait_est_ms)) as exec_wait_est_ms,
+        max(s.seen_kv_usage) as exec_seen_kv_usage
     from state as s
     left join waits_capped as w
         on s.request_key = w.request_key
@@ -381,14 +382,29 @@ prefill_estimated as (
     -- prompt). What remains (steps shared with requests that came later, the model's error for
     -- this prompt) would have met it elsewhere too. A fit over every prefill learns the time
     -- of prefills sharing steps with others instead, and overstated an alternative's prefill
-    -- by a median 40 %; it is the estimate only when the window has no idle fit
+    -- by a median 40 %; it is the estimate only when the window has no idle fit. A prompt
+    -- preempted there, or prefilled while that replica's KV cache was near full, spent part
+    -- of that time losing, recomputing or waiting for blocks, which is that replica's memory,
+    -- not the prompt's: the other replicas get the prompt alone
     select
         m.*,
         w.exec_wait_est_ms,
+        w.exec_seen_kv_usage,
         case
             when prefill_alone_ms is null
                 then prefill_intercept_ms + prefill_ms_per_token * uncached_est_tokens
             when exec_prefill_ms > 0 and exec_prefill_alone_ms > 0
+                and (
+                    m.replica = m.exec_replica
+                    or (
+                        coalesce(m.exec_preemptions, 0) = 0
+                        and coalesce(
+                            greatest(m.max_kv_usage_scraped, w.exec_seen_kv_usage)
+                            < t.kv_pressure,
+                            true
+                        )
+                    )
+                )
                 then prefill_alone_ms + greatest(
                     exec_prefill_ms - exec_prefill_alone_ms
                     - greatest(coalesce(exec_wait_est_ms, 0.0) - coalesce(exec_queue_ms, 0.0), 0.0),
@@ -407,6 +423,7 @@ prefill_estimated as (
                 )
         end as exec_load_stretch_ms
     from prefill_modelled as m
+    cross join thresholds as t
     left join exec_waits as w
         on m.request_key = w.request_key
         and m.attempt is not distinct from w.attempt
@@ -417,7 +434,8 @@ final as (
     select
         * exclude (
             has_idle_fit, uncached_est_tokens, prefill_alone_ms, exec_prefill_alone_ms,
-            exec_wait_est_ms, prefill_there_ms, exec_speed_factor, speed_differs
+            exec_wait_est_ms, exec_seen_kv_usage, prefill_there_ms, exec_speed_factor,
+            speed_differs
         ),
         prefill_there_ms as prefill_est_ms,
         -- idle, with the cache it had there (the replica's report where it ran, else its
