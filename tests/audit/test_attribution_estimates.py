@@ -5,8 +5,16 @@ alone takes 1 ms per uncached token; two prefills sharing steps take 2 ms per to
 
 from __future__ import annotations
 
+import duckdb
 import pytest
 from test_attribution import Fleet, primary, rows, seen
+
+
+def prefill_est(con: duckdb.DuckDBPyConnection, request_id: str, replica: str) -> float:
+    """The estimated prefill of ``request_id`` on ``replica``, in ms."""
+    (row,) = rows(con, "select prefill_est_ms from int_attr_candidates_estimated "
+                       "where request_key = ? and replica = ?", [f"k-{request_id}", replica])
+    return float(row["prefill_est_ms"])
 
 
 def calibrated_fleet() -> Fleet:
@@ -42,9 +50,7 @@ def test_an_alternatives_prefill_is_the_prompt_alone_there() -> None:
                candidates=[{"replica": "A", **seen(1, 0)}, {"replica": "B", **seen(0, 0)}])
     f.served("S", "A", arrive=100.0, queue=1400.0, input_tokens=1000)
     con = f.store()
-    (b,) = rows(con, "select prefill_est_ms from int_attr_candidates_estimated "
-                     "where request_key = 'k-S' and replica = 'B'")
-    assert b["prefill_est_ms"] == pytest.approx(1000.0, abs=1.0)
+    assert prefill_est(con, "S", "B") == pytest.approx(1000.0, abs=1.0)
     p = primary(con, "S")
     assert (p["cause"], p["sub_kind"]) == ("misrouting", "load_blind")
     assert p["excess_ms"] == pytest.approx(1400.0, abs=1.0)
@@ -98,19 +104,13 @@ def test_a_prefill_stretched_by_the_replicas_memory_is_not_carried_elsewhere(
     waiting for blocks there, A's memory, not the prompt. B gets the prompt alone (1000 ms), a
     saving of 1600 ms; without either sign the stretch is carried to B (no misrouting)."""
     con = _stretched_on_a(preemptions=preemptions, a_kv_usage=a_kv_usage)
-    (b,) = rows(con, "select prefill_est_ms from int_attr_candidates_estimated "
-                     "where request_key = 'k-S' and replica = 'B'")
-    assert b["prefill_est_ms"] == pytest.approx(1000.0, abs=1.0)
-    (a,) = rows(con, "select prefill_est_ms from int_attr_candidates_estimated "
-                     "where request_key = 'k-S' and replica = 'A'")
-    assert a["prefill_est_ms"] == pytest.approx(2600.0, abs=1.0)
+    assert prefill_est(con, "S", "B") == pytest.approx(1000.0, abs=1.0)
+    assert prefill_est(con, "S", "A") == pytest.approx(2600.0, abs=1.0)
     p = primary(con, "S")
     assert p["cause"] == "misrouting"
     assert p["excess_ms"] == pytest.approx(1600.0, abs=1.0)
     plain = _stretched_on_a()
-    (b,) = rows(plain, "select prefill_est_ms from int_attr_candidates_estimated "
-                       "where request_key = 'k-S' and replica = 'B'")
-    assert b["prefill_est_ms"] > 2000.0
+    assert prefill_est(plain, "S", "B") > 2000.0
     assert "misrouting" not in {
         r["cause"] for r in rows(plain, "select cause from attributions where request_id='S'")}
 
@@ -131,9 +131,7 @@ def test_a_prefill_sharing_steps_with_the_work_present_is_that_works_wait() -> N
     f.served_took("S", "A", arrive=1000.0, queue=0.0, input_tokens=1000,
                   prefill_ms=2500.0, ttft_ms=2500.0)
     con = f.store()
-    (b,) = rows(con, "select prefill_est_ms from int_attr_candidates_estimated "
-                     "where request_key = 'k-S' and replica = 'B'")
-    assert b["prefill_est_ms"] == pytest.approx(1050.0, abs=1.0)
+    assert prefill_est(con, "S", "B") == pytest.approx(1050.0, abs=1.0)
     p = primary(con, "S")
     assert p["cause"] == "misrouting"
     assert p["excess_ms"] == pytest.approx(1450.0, abs=1.0)
