@@ -172,9 +172,11 @@ class LabelConfig:
         "request on it at least min_cause_frac of its TTFT (1 - 0.15); the audit's bar"
     )
     kv_pressure: float = _f(
-        0.85, "KV-cache usage of the chosen replica at the decision from which memory may hold "
-        "up its queue (not modelled): with measured_routing, a TTFT there that the model "
-        "misses by the cause bar is measured; the audit's kv_pressure"
+        0.85, "KV-cache usage of a replica at the decision from which memory may hold up its "
+        "queue (not modelled): with measured_routing, a TTFT on such a chosen replica that the "
+        "model misses by the cause bar is measured, and so is a modelled routing saving that "
+        "counts while the best replica or the policy's true-load choice is at it; the audit's "
+        "kv_pressure"
     )
     measured_routing: bool = _f(
         False, "measure stale_telemetry, misrouting and overload instead of modelling them where "

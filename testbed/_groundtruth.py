@@ -149,8 +149,8 @@ def label_record(rec: Record, sim: Simulation) -> dict[str, Any]:
     # model misses by the bar or more: memory held up its queue or its prefill there, which the
     # model does not see, so the model's error no longer cancels between replicas (elsewhere
     # it does: the steps shared with later requests would have met it on any replica, the
-    # audit's premise too), or one whose modelled routing saving counts and rests on a replica
-    # under memory pressure (the best one, or the policy's true-load choice). The TTFT and the
+    # audit's premise too), or one whose modelled routing saving counts while the best replica
+    # or the policy's true-load choice is under memory pressure. The TTFT and the
     # wait on every other replica are measured by
     # re-running the simulation with the request routed there (same requests, configuration
     # and seed; stopped at its first token); the chosen replica's are the actual ones, the TTFT

@@ -111,12 +111,13 @@ def test_measured_ttft_is_a_full_forced_run(runs: Any) -> None:
 def test_routing_savings_follow_the_measured_ttfts(runs: Any) -> None:
     (scenario, _, _), modelled, rows = runs
     lc = testbed.LabelConfig()
-    changed = memory_measured = modelled_on_free = 0
+    changed = memory_measured = modelled_on_free = pressed_rest_measured = exact_overload = 0
     for old, row in zip(modelled, rows, strict=True):
         on_slow = row["slow"] and row["chosen_speed"] is not None \
             and row["chosen_speed"] < lc.slow_replica_speed and row["actual_ttft_ms"] is not None
         if on_slow:
             assert row["routing_measured"]
+        memory_missed = False
         if row["slow"] and row["actual_ttft_ms"] is not None:
             # under memory pressure on the chosen replica the cost model missed the TTFT there
             # by the bar: measured
@@ -127,6 +128,17 @@ def test_routing_savings_follow_the_measured_ttfts(runs: Any) -> None:
             if missed >= bar and (row["preemptions"] > 0 or kv >= lc.kv_pressure):
                 assert row["routing_measured"]
                 memory_measured += 1
+                memory_missed = True
+        modelled_saving = max(old["cause_ms_misrouting"], old["cause_ms_stale_telemetry"])
+        if row["routing_measured"] and not (on_slow or memory_missed
+                                            or modelled_saving > row["actual_ttft_ms"]):
+            # measured for no reason but a modelled saving that counts while the best replica
+            # or the policy's true-load choice was under memory pressure
+            kv = {s["replica"]: s["kv_usage"] for s in row["true_state"]}
+            rested_on = [old["best_alternative"], old["decision_on_true_load"]]
+            assert modelled_saving >= row_bar(row, lc)
+            assert any(kv[r] >= lc.kv_pressure for r in rested_on if r is not None)
+            pressed_rest_measured += 1
         if not row["routing_measured"]:
             assert row["measured_ttft_ms"] is None
             # a modelled routing saving that counts never rests on a replica under memory
@@ -166,6 +178,7 @@ def test_routing_savings_follow_the_measured_ttfts(runs: Any) -> None:
         if row["predicted_cached_tokens"] <= row["cached_at_decision_tokens"]:
             # routed on the cache the replica held: the prompt's prefill is its estimate there
             assert row["cause_ms_overload"] == pytest.approx(min([*waits, chosen_wait]))
+            exact_overload += 1
         # the other causes are sized as without the option
         for cause in ("eviction", "slow_replica", "long_prompt"):
             assert row[f"cause_ms_{cause}"] == old[f"cause_ms_{cause}"]
@@ -178,10 +191,13 @@ def test_routing_savings_follow_the_measured_ttfts(runs: Any) -> None:
                        for c in ("misrouting", "stale_telemetry"))
     # the small runs hold requests where the modelled and the measured savings disagree
     assert changed >= 1
+    assert exact_overload >= 1
     if scenario == "eviction_pressure":
-        # and requests measured for memory pressure on the chosen replica, and modelled
-        # savings that count resting on replicas free of it
+        # and requests measured for memory pressure on the chosen replica or on the replicas
+        # a modelled saving rests on, and modelled savings that count resting on replicas
+        # free of it
         assert memory_measured >= 1
+        assert pressed_rest_measured >= 1
         assert modelled_on_free >= 1
 
 
