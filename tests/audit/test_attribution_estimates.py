@@ -79,10 +79,14 @@ def test_a_prefill_stretched_after_the_decision_would_have_been_stretched_elsewh
     assert "misrouting" not in causes
 
 
-def _stretched_on_a(*, preemptions: int = 0, a_kv_usage: float = 0.3):
+def _stretched_on_a(*, preemptions: int = 0, a_kv_usage: float = 0.3,
+                    a_scraped_kv: float | None = None):
     """A and B both idle when S (1000 tokens) went to A, whose prefill of S took 2600 ms
-    instead of 1000 alone; nothing else ran there."""
+    instead of 1000 alone; nothing else ran there. ``a_scraped_kv``: A's KV usage in a scrape
+    100 ms before the decision."""
     f = calibrated_fleet()
+    if a_scraped_kv is not None:
+        f.snapshot("A", at_ms=900.0, waiting=0, running=0, kv=a_scraped_kv)
     for rid, tokens, ms in (("b1", 1000, 1000.0), ("b2", 1200, 1200.0)):
         e = f.served(rid, "B", arrive=-30_000.0, queue=0.0, input_tokens=tokens)
         e.update(prefill_ms=ms, ttft_ms=ms)
@@ -95,15 +99,18 @@ def _stretched_on_a(*, preemptions: int = 0, a_kv_usage: float = 0.3):
     return f.store()
 
 
-@pytest.mark.parametrize(("preemptions", "a_kv_usage"), [(1, 0.3), (0, 0.95)],
-                         ids=["preempted", "kv_near_full"])
+@pytest.mark.parametrize(("preemptions", "a_kv_usage", "a_scraped_kv"),
+                         [(1, 0.3, None), (0, 0.95, None), (0, 0.3, 0.92)],
+                         ids=["preempted", "kv_near_full_seen", "kv_near_full_scraped"])
 def test_a_prefill_stretched_by_the_replicas_memory_is_not_carried_elsewhere(
-        preemptions: int, a_kv_usage: float) -> None:
+        preemptions: int, a_kv_usage: float, a_scraped_kv: float | None) -> None:
     """The same stretch as above, but S was preempted on A, or A's KV cache was near full when
-    the router looked (at least kv_pressure): the 1600 ms went on losing, recomputing or
-    waiting for blocks there, A's memory, not the prompt. B gets the prompt alone (1000 ms), a
-    saving of 1600 ms; without either sign the stretch is carried to B (no misrouting)."""
-    con = _stretched_on_a(preemptions=preemptions, a_kv_usage=a_kv_usage)
+    the router looked or in A's scrape before the prefill (at least kv_pressure): the 1600 ms
+    went on losing, recomputing or waiting for blocks there, A's memory, not the prompt. B
+    gets the prompt alone (1000 ms), a saving of 1600 ms; without any sign the stretch is
+    carried to B (no misrouting)."""
+    con = _stretched_on_a(preemptions=preemptions, a_kv_usage=a_kv_usage,
+                          a_scraped_kv=a_scraped_kv)
     assert prefill_est(con, "S", "B") == pytest.approx(1000.0, abs=1.0)
     assert prefill_est(con, "S", "A") == pytest.approx(2600.0, abs=1.0)
     p = primary(con, "S")
