@@ -237,8 +237,17 @@ def _stderr(text: str) -> None:
 def cmd_spark(args: argparse.Namespace) -> int:
     from audit.spark import command
 
+    conf = {}
+    for setting in args.conf:
+        key, eq, value = setting.partition("=")
+        if not eq or not key.strip():
+            from audit import AuditError
+
+            raise AuditError(f"--conf {setting!r}: expected KEY=VALUE, e.g. "
+                             "spark.hadoop.fs.s3a.endpoint=http://minio:9000")
+        conf[key.strip()] = value
     return command(raw=args.raw, out=args.out, master=args.master, export_from=args.db,
-                   driver_memory=args.driver_memory)
+                   driver_memory=args.driver_memory, conf=conf)
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
@@ -383,14 +392,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("spark", help="build the relations with Apache Spark over partitioned Parquet")
     p.add_argument("--raw", required=True,
-                   help="folder of raw tables as <table>/part=<p>/*.parquet (a store's closed-partition folder)")
-    p.add_argument("--out", required=True, help="folder the public relations are written to")
+                   help="folder of raw tables as <table>/part=<p>/*.parquet (a store's closed-partition "
+                        "folder): a local path or a URI such as s3a://bucket/raw")
+    p.add_argument("--out", required=True,
+                   help="folder the public relations are written to: a local path or a URI")
     p.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
     p.add_argument("--db", default=None,
                    help="first export this DuckDB store's raw tables and settings to --raw")
     p.add_argument("--driver-memory", default="2g",
                    help="the Spark driver's heap, where a local[N] master runs every task "
                         "(default 2g; about 1M requests on local[2] need more)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting, repeatable (an object store's connector and credentials: "
+                        "spark.jars.packages=..., spark.hadoop.fs.s3a.*=...)")
     p.set_defaults(func=cmd_spark)
 
     p = sub.add_parser("dashboard", help="open the Streamlit dashboard on a store")

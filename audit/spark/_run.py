@@ -11,6 +11,7 @@ from a DuckDB store. Output: each public relation under ``<out>/<name>/``, parti
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -47,13 +48,15 @@ then a generated run of 20,000 requests) ran mostly so. 256 MB holds both builds
 
 def session(master: str = DEFAULT_MASTER, *, shuffle_partitions: int = 4,
             app_name: str = "routeaudit", java_options: str | None = None,
-            driver_memory: str = DEFAULT_DRIVER_MEMORY) -> SparkSession:
+            driver_memory: str = DEFAULT_DRIVER_MEMORY,
+            conf: Mapping[str, str] | None = None) -> SparkSession:
     """A SparkSession set up as the relations need: UTC session time zone (timestamps are
     instants), non-ANSI arithmetic (a division by zero is NULL, as in DuckDB).
     ``java_options``: the driver JVM's options (``spark.driver.extraJavaOptions``, e.g.
     :data:`SHORT_RUN_JAVA_OPTIONS`); ``driver_memory``: its heap (``spark.driver.memory``,
     where a ``local[N]`` master runs every task); both apply only when this call starts the
-    JVM."""
+    JVM. ``conf``: any other Spark settings, set last (an object store's connector and
+    credentials, e.g. ``spark.jars.packages`` and ``spark.hadoop.fs.s3a.*``)."""
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName(app_name)
@@ -66,6 +69,8 @@ def session(master: str = DEFAULT_MASTER, *, shuffle_partitions: int = 4,
                .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"))
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -117,20 +122,45 @@ class Built:
     written: list[str] = field(default_factory=list)
 
 
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _location(where: str | os.PathLike[str]) -> str:
+    """A folder as Spark reads it: a URI (``s3a://``, ``hdfs://``, ``file://``: any scheme
+    Hadoop knows) as given, a local path made absolute."""
+    text = os.fspath(where)
+    return text.rstrip("/") if _URI.match(text) else str(Path(text).absolute())
+
+
+def _child(root: str, name: str) -> str:
+    return f"{root}/{name}" if _URI.match(root) else str(Path(root) / name)
+
+
+def _is_dir(spark: SparkSession, location: str) -> bool:
+    """Whether ``location`` is a folder, asked of Hadoop's file system for a URI (an object
+    store's folder is a prefix that holds objects)."""
+    if not _URI.match(location):
+        return Path(location).is_dir()
+    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path(location)  # type: ignore[union-attr]
+    fs = hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
+    return bool(fs.exists(hadoop_path) and fs.getFileStatus(hadoop_path).isDirectory())
+
+
 def load_raw(spark: SparkSession, raw: str | os.PathLike[str]) -> None:
-    """Register the raw tables (and the settings) of ``raw`` as temporary views."""
-    root = Path(raw).absolute()
+    """Register the raw tables (and the settings) of ``raw`` (a local folder or a URI) as
+    temporary views."""
+    root = _location(raw)
     for table in RAW_TABLES:
-        folder = root / table
-        if not folder.is_dir():
+        folder = _child(root, table)
+        if not _is_dir(spark, folder):
             raise FileNotFoundError(f"{folder}: no such table folder")
-        frame = spark.read.option("mergeSchema", "false").parquet(str(folder))
+        frame = spark.read.option("mergeSchema", "false").parquet(folder)
         if "part" in frame.columns:
             frame = frame.drop("part")
         frame.createOrReplaceTempView(table)
-    meta = root / META_TABLE
-    if meta.is_dir():
-        spark.read.parquet(str(meta)).createOrReplaceTempView(META_TABLE)
+    meta = _child(root, META_TABLE)
+    if _is_dir(spark, meta):
+        spark.read.parquet(meta).createOrReplaceTempView(META_TABLE)
     else:
         spark.sql("select cast(null as string) as key, cast(null as string) as value "
                   "where false").createOrReplaceTempView(META_TABLE)
@@ -231,10 +261,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def write_public(spark: SparkSession, out: str | os.PathLike[str], built: Built) -> list[str]:
-    """Write each public relation that built to ``out/<name>/`` (partitioned by ``part`` where
-    it has that column and rows; an empty one as one file with its columns); returns the names
-    written."""
-    root = Path(out).absolute()
+    """Write each public relation that built to ``out/<name>/`` (``out`` a local folder or a
+    URI; partitioned by ``part`` where it has that column and rows; an empty one as one file
+    with its columns); returns the names written."""
+    root = _location(out)
     written = []
     for name in _relations.public_relations():
         if name not in built.seconds:
@@ -245,7 +275,7 @@ def write_public(spark: SparkSession, out: str | os.PathLike[str], built: Built)
         # partition folder), which a reader cannot tell from a missing relation: one empty file
         if "part" in frame.columns and not frame.isEmpty():
             writer = writer.partitionBy("part")
-        writer.parquet(str(root / name))
+        writer.parquet(_child(root, name))
         written.append(name)
     built.written = written
     return written
@@ -268,9 +298,12 @@ def run(raw: str | os.PathLike[str], out: str | os.PathLike[str], *,
 
 
 def command(*, raw: str, out: str, master: str = DEFAULT_MASTER,
-            export_from: str | None = None, driver_memory: str = DEFAULT_DRIVER_MEMORY) -> int:
+            export_from: str | None = None, driver_memory: str = DEFAULT_DRIVER_MEMORY,
+            conf: Mapping[str, str] | None = None) -> int:
     """``routeaudit spark``: optionally export a store's raw tables to ``raw``, then build the
-    relations with Spark and write the public ones to ``out``; prints what it wrote."""
+    relations with Spark and write the public ones to ``out``; prints what it wrote. ``raw``
+    and ``out`` are local folders or URIs Spark's Hadoop file systems read (``s3a://``,
+    ``hdfs://``; their connectors set up through ``conf``)."""
     import importlib.util
     import sys
 
@@ -281,6 +314,9 @@ def command(*, raw: str, out: str, master: str = DEFAULT_MASTER,
     if export_from is not None:
         import duckdb
 
+        if _URI.match(raw):
+            raise StoreError(f"--db exports to a local folder, not to {raw}: export to a local "
+                             "--raw, copy that folder to the object store, then run on it")
         if not Path(export_from).exists():
             raise StoreError(f"{export_from}: no such store")
         con = duckdb.connect(export_from, read_only=True)
@@ -288,12 +324,17 @@ def command(*, raw: str, out: str, master: str = DEFAULT_MASTER,
             export_raw(con, raw)
         finally:
             con.close()
-    for table in RAW_TABLES:
-        if not (Path(raw) / table).is_dir():
-            raise StoreError(f"{raw}: no {table}/ folder (export one with --db STORE)")
-    built = run(raw, out, master=master, driver_memory=driver_memory)
+    if not _URI.match(raw):
+        # a URI is checked by load_raw, through Hadoop's file system, once Spark runs
+        for table in RAW_TABLES:
+            if not (Path(raw) / table).is_dir():
+                raise StoreError(f"{raw}: no {table}/ folder (export one with --db STORE)")
+    try:
+        built = run(raw, out, master=master, driver_memory=driver_memory, conf=conf)
+    except FileNotFoundError as exc:
+        raise StoreError(f"{exc} (export one with --db STORE)") from None
     for name in built.written:
-        print(f"{Path(out) / name}")
+        print(_child(_location(out), name))
     for name, why in {**built.failed, **built.skipped}.items():
         print(f"not built: {name}: {why}", file=sys.stderr)
     return 0
