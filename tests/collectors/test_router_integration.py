@@ -236,6 +236,21 @@ def assert_one_trace(spans: dict[str, ReadableSpan]) -> None:
         SpanKind.CLIENT, SpanKind.INTERNAL, SpanKind.CLIENT, SpanKind.SERVER)
 
 
+class _CancelAfterLines(threading.Event):
+    """A cancel event that sets itself once the client has asked it ``n`` times: the client
+    asks before each streamed line, so the stream ends after its first lines."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self._left = n
+
+    def is_set(self) -> bool:
+        self._left -= 1
+        if self._left < 0:
+            self.set()
+        return super().is_set()
+
+
 # ------------------------------------------------------------------------------ tests
 def test_doc_router_end_to_end(otel: tuple[TracerProvider, InMemorySpanExporter],
                                fleet: list[str]) -> None:
@@ -247,8 +262,9 @@ def test_doc_router_end_to_end(otel: tuple[TracerProvider, InMemorySpanExporter]
                                 request_id="req-1")
         r2 = client.chat([{"role": "user", "content": "alpha beta gamma delta eps zeta eta "
                            "theta kappa"}], max_tokens=6, stream=True, request_id="req-2")
-        cancel = threading.Event()
-        threading.Timer(0.05, cancel.set).start()
+        # cancelled after its first streamed lines, not after a fixed time: on a loaded
+        # machine the first token can take longer than any fixed delay
+        cancel = _CancelAfterLines(6)
         r3 = client.completions("cancel me please", max_tokens=60, stream=True,
                                 request_id="req-3", cancel=cancel)
         r4 = client.completions("too long", max_tokens=100_000, request_id="req-4")
