@@ -1,0 +1,133 @@
+"""One slice of a store's newest traffic, step by step: what an always-on refresh spends its time on.
+
+The raw rows of ``--db`` (a soak's kept store, say; its closed partitions included, read through
+``audit.open``) go into a fresh store with the same partitioning, all but the traces that have a
+span in the newest ``--hold`` seconds. That store is built whole and checkpointed; then the held
+traces are appended and one ``Store.refresh()`` recomputes the slice they reach. Printed: the
+slice's plan (how far back ``t0``, the recomputed region and the context reach from the newest
+span), its total time, the time of each phase (the relations built over the slice, the owned rows
+replaced, the per-run rows, closing partitions, the checkpoint) and the slowest steps.
+
+    python3 benchmarks/always_on_soak.py --rate 200 --minutes 10 --senders 2 --partition-s 15 --keep soak200
+    python3 benchmarks/slice_profile.py --db soak200/audit.duckdb --hold 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import audit  # noqa: E402
+from audit import _closed, _incremental  # noqa: E402
+from audit import _store as store_module  # noqa: E402
+from audit._store import Store  # noqa: E402
+
+SETTINGS = ("partition_s", "window_partitions", "lateness_s", "max_request_s")
+
+
+def _timed(owner: Any, name: str, label: str, into: dict[str, float]) -> None:
+    """Wrap ``owner.name`` so that its time adds up under ``label``."""
+    inner: Callable[..., Any] = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            into[label] += time.perf_counter() - started
+
+    setattr(owner, name, wrapper)
+
+
+def profile(db: Path, hold_s: float, top: int) -> None:
+    reader = audit.open(db)
+    spans = reader.query_arrow("select * from raw_spans")
+    events = reader.query_arrow("select * from raw_span_events")
+    snapshots = reader.query_arrow("select * from raw_snapshots")
+    settings = [(str(k), str(v)) for k, v in reader.query(
+        "select key, value from routeaudit_meta where key in "
+        f"({', '.join(repr(k) for k in SETTINGS)})").iter_rows()]
+    newest = int(pc.max(spans["start_ns"]).as_py())
+    held = pc.unique(spans.filter(pc.greater_equal(spans["start_ns"],
+                                                   newest - int(hold_s * 1e9)))["trace_id"])
+    span_held = pc.is_in(spans["trace_id"], value_set=held)
+    event_held = pc.is_in(events["trace_id"], value_set=held)
+    print(f"{db}: {spans.num_rows:,} spans; holding back {len(held):,} traces "
+          f"({pc.sum(span_held).as_py():,} spans) of the newest {hold_s:g} s; settings {dict(settings)}")
+
+    folder = Path(tempfile.mkdtemp(prefix="slice_profile_"))
+    store = Store(folder / "audit.duckdb", incremental=True)
+    try:
+        if settings:
+            store._con.executemany("insert or replace into routeaudit_meta values (?, ?)",
+                                   settings)
+        store.append(spans=spans.filter(pc.invert(span_held)),
+                     events=events.filter(pc.invert(event_held)), snapshots=snapshots)
+        store._full_rebuild_due = True
+        started = time.perf_counter()
+        store.refresh()
+        store._con.execute("checkpoint")
+        print(f"built whole without them in {time.perf_counter() - started:.1f} s")
+
+        steps: dict[str, float] = collections.defaultdict(float)
+        phases: dict[str, float] = collections.defaultdict(float)
+        slice_refresh = _incremental.refresh
+
+        def on_plan(pl: _incremental.Plan) -> None:
+            print(f"plan: t0 {(newest - pl.t0_ns) / 1e9:.1f} s before the newest span, region "
+                  f"from {(newest - pl.recompute_from_ns) / 1e9:.1f} s, context from "
+                  f"{(newest - pl.read_from_ns) / 1e9:.1f} s, skew assumed {pl.skew_ns / 1e9:g} s")
+
+        def traced(con: Any, before_commit: Any = None, _on_plan: Any = None,
+                   _on_built: Any = None, **kwargs: Any) -> int | None:
+            def on_built(step: str, seconds: float) -> None:
+                steps[step] += seconds
+            return slice_refresh(con, before_commit, on_plan, on_built, **kwargs)
+
+        _incremental.refresh = traced  # type: ignore[assignment]
+        _timed(_closed, "close", "closing partitions", phases)
+        _timed(_incremental, "refresh_runs", "per-run rows", phases)
+        _timed(store_module.Store, "_checkpoint_if_large", "checkpoint", phases)
+        store.append(spans=spans.filter(span_held), events=events.filter(event_held))
+        started = time.perf_counter()
+        store.refresh()
+        total = time.perf_counter() - started
+        built = sum(v for k, v in steps.items() if k.startswith("build "))
+        replaced = sum(v for k, v in steps.items() if k.startswith("replace "))
+        print(f"slice: {total:.2f} s ({store.last_refresh_kind}); relations built {built:.2f} s, "
+              f"owned rows replaced {replaced:.2f} s, "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
+        for step, seconds in sorted(steps.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"  {seconds:7.3f} s  {step}")
+    finally:
+        store.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", required=True, type=Path, help="the store to copy the raw rows of")
+    ap.add_argument("--hold", type=float, default=5.0,
+                    help="seconds of the newest traffic the slice brings")
+    ap.add_argument("--top", type=int, default=15, help="steps listed")
+    args = ap.parse_args()
+    if not args.db.exists():
+        ap.error(f"no store at {args.db}")
+    if args.hold <= 0:
+        ap.error("--hold must be > 0")
+    profile(args.db, args.hold, args.top)
+
+
+if __name__ == "__main__":
+    main()
