@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import shutil
 import sys
 import tempfile
 import time
@@ -112,6 +113,7 @@ def profile(db: Path, hold_s: float, top: int) -> None:
             print(f"  {seconds:7.3f} s  {step}")
     finally:
         store.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:
