@@ -3,7 +3,9 @@
 The raw rows of ``--db`` (a soak's kept store, say; its closed partitions included, read through
 ``audit.open``) go into a fresh store with the same partitioning, all but the traces that have a
 span in the newest ``--hold`` seconds. That store is built whole and checkpointed; then the held
-traces are appended and one ``Store.refresh()`` recomputes the slice they reach. Printed: the
+traces are appended and one ``Store.refresh()`` recomputes the slice they reach
+(``--partition-s``: the copy gets another partition width, which sets the region a slice
+recomputes). Printed: the
 slice's plan (how far back ``t0``, the recomputed region and the context reach from the newest
 span), its total time, the time of each phase (the relations built over the slice, the owned rows
 replaced, the per-run rows, closing partitions, the checkpoint) and the slowest steps.
@@ -51,7 +53,7 @@ def _timed(owner: Any, name: str, label: str, into: dict[str, float]) -> None:
     setattr(owner, name, wrapper)
 
 
-def profile(db: Path, hold_s: float, top: int) -> None:
+def profile(db: Path, hold_s: float, top: int, partition_s: float | None = None) -> None:
     reader = audit.open(db)
     spans = reader.query_arrow("select * from raw_spans")
     events = reader.query_arrow("select * from raw_span_events")
@@ -59,6 +61,8 @@ def profile(db: Path, hold_s: float, top: int) -> None:
     settings = [(str(k), str(v)) for k, v in reader.query(
         "select key, value from routeaudit_meta where key in "
         f"({', '.join(repr(k) for k in SETTINGS)})").iter_rows()]
+    if partition_s is not None:
+        settings = [kv for kv in settings if kv[0] != "partition_s"] + [("partition_s", str(partition_s))]
     newest = int(pc.max(spans["start_ns"]).as_py())
     held = pc.unique(spans.filter(pc.greater_equal(spans["start_ns"],
                                                    newest - int(hold_s * 1e9)))["trace_id"])
@@ -123,12 +127,17 @@ def main() -> None:
     ap.add_argument("--hold", type=float, default=5.0,
                     help="seconds of the newest traffic the slice brings")
     ap.add_argument("--top", type=int, default=15, help="steps listed")
+    ap.add_argument("--partition-s", type=float, default=None,
+                    help="the copy's partition width instead of the store's (how wide a region "
+                         "a slice recomputes)")
     args = ap.parse_args()
     if not args.db.exists():
         ap.error(f"no store at {args.db}")
     if args.hold <= 0:
         ap.error("--hold must be > 0")
-    profile(args.db, args.hold, args.top)
+    if args.partition_s is not None and args.partition_s <= 0:
+        ap.error("--partition-s must be > 0")
+    profile(args.db, args.hold, args.top, args.partition_s)
 
 
 if __name__ == "__main__":
