@@ -283,6 +283,40 @@ def timed_slice_refresh(con: duckdb.DuckDBPyConnection, store_path: Path) -> Bre
     return bd
 
 
+def profiled_refresh(store: Store) -> Breakdown:
+    """Refresh the rows appended to ``store`` in the order ``Store.refresh`` does, each part
+    timed: the slice (:func:`timed_slice_refresh`), then the per-run rows of the runs it touched
+    and the move of the partitions the horizon has passed to Parquet (``stages_after``)."""
+    cur = store._con.cursor()
+    try:
+        bd = timed_slice_refresh(cur, store.path)
+        t = time.perf_counter()
+        runs = _incremental.refresh_runs(cur, store.path)
+        bd.stages_after = [(f"recompute the per-run rows ({runs} runs)", time.perf_counter() - t)]
+        t = time.perf_counter()
+        moved = _closed.close(cur, store.path, _incremental.horizon(cur)[0])
+        bd.stages_after.append((f"close the partitions passed ({len(moved.partitions)})",
+                                time.perf_counter() - t))
+    finally:
+        cur.close()
+    store._dirty = False  # refreshed above, not through the store
+    return bd
+
+
+def print_breakdown(bd: Breakdown, top: int) -> None:
+    """The stages of a :func:`profiled_refresh`, its slowest relations and writes."""
+    for name, s in bd.stages:
+        print(f"    {name:<44} {s:7.2f} s  {s / bd.total_s:6.1%}")
+    for name, s in bd.stages_after:
+        print(f"    then {name:<39} {s:7.2f} s")
+    print("    slowest relations (create temp over the region):")
+    for name, s in sorted(bd.relations, key=lambda r: -r[1])[:top]:
+        print(f"      {name:<48} {s:7.3f} s")
+    print("    slowest writes (delete + insert into the stored table):")
+    for name, s in sorted(bd.writes, key=lambda r: -r[1])[:top]:
+        print(f"      {name:<48} {s:7.3f} s")
+
+
 def empty_region_s(con: duckdb.DuckDBPyConnection) -> float:
     """Every relation created over raw tables restricted to nothing, rolled back: what a slice
     refresh costs whatever its rows (planning and running each of the statements)."""
@@ -397,20 +431,12 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
         spans, events = traffic.arrow(at, at + one)
         at += one
         store.append(spans=spans, events=events)
+        bd = profiled_refresh(store)
         cur = store._con.cursor()
         try:
-            bd = timed_slice_refresh(cur, store.path)
-            t = time.perf_counter()
-            runs = _incremental.refresh_runs(cur, store.path)
-            bd.stages_after = [(f"recompute the per-run rows ({runs} runs)", time.perf_counter() - t)]
-            t = time.perf_counter()
-            moved = _closed.close(cur, store.path, _incremental.horizon(cur)[0])
-            bd.stages_after.append((f"close the partitions passed ({len(moved.partitions)})",
-                                    time.perf_counter() - t))
             res["empty_region_s"] = empty_region_s(cur)
         finally:
             cur.close()
-        store._dirty = False  # refreshed above, not through the store
         res["breakdown"] = bd
         newest = newest_ns(store)
         print(f"  +1 % refreshed step by step: {bd.total_s:.2f} s\n      {plan_text(bd.plan, newest, parts)}")
@@ -422,16 +448,7 @@ def measure(raw: Path, work: Path, n: int, traffic: Traffic, steps: int, big_ste
                   f"{one:,} new; {c['stored_owned_requests']:,} stored rows replaced")
         print(f"    (every relation over an empty region: {res['empty_region_s']:.2f} s, "
               f"{len(bd.relations)} statements)")
-        for name, s in bd.stages:
-            print(f"    {name:<44} {s:7.2f} s  {s / bd.total_s:6.1%}")
-        for name, s in bd.stages_after:
-            print(f"    then {name:<39} {s:7.2f} s")
-        print("    slowest relations (create temp over the region):")
-        for name, s in sorted(bd.relations, key=lambda r: -r[1])[:top]:
-            print(f"      {name:<48} {s:7.3f} s")
-        print("    slowest writes (delete + insert into the stored table):")
-        for name, s in sorted(bd.writes, key=lambda r: -r[1])[:top]:
-            print(f"      {name:<48} {s:7.3f} s")
+        print_breakdown(bd, top)
         if big_step:
             st = step(store, traffic, at, at + n // 10)
             at += n // 10

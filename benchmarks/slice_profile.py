@@ -3,12 +3,10 @@
 The raw rows of ``--db`` (a soak's kept store, say; its closed partitions included, read through
 ``audit.open``) go into a fresh store with the same partitioning, all but the traces that have a
 span in the newest ``--hold`` seconds. That store is built whole and checkpointed; then the held
-traces are appended and one ``Store.refresh()`` recomputes the slice they reach
-(``--partition-s``: the copy gets another partition width, which sets the region a slice
-recomputes). Printed: the
-slice's plan (how far back ``t0``, the recomputed region and the context reach from the newest
-span), its total time, the time of each phase (the relations built over the slice, the owned rows
-replaced, the per-run rows, closing partitions, the checkpoint) and the slowest steps.
+traces are appended and refreshed as ``Store.refresh`` does, each part timed
+(``incremental_refresh.profiled_refresh``: the slice's plan, its relations, its writes, the
+commit, then the per-run rows and closing partitions). ``--partition-s`` gives the copy another
+partition width, which sets the region a slice recomputes.
 
     python3 benchmarks/always_on_soak.py --rate 200 --minutes 10 --senders 2 --partition-s 15 --keep soak200
     python3 benchmarks/slice_profile.py --db soak200/audit.duckdb --hold 5
@@ -17,40 +15,25 @@ replaced, the per-run rows, closing partitions, the checkpoint) and the slowest 
 from __future__ import annotations
 
 import argparse
-import collections
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pyarrow.compute as pc
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from incremental_refresh import plan_text, print_breakdown, profiled_refresh  # noqa: E402
 
 import audit  # noqa: E402
-from audit import _closed, _incremental  # noqa: E402
-from audit import _store as store_module  # noqa: E402
+from audit import _incremental  # noqa: E402
 from audit._store import Store  # noqa: E402
 
 SETTINGS = ("partition_s", "window_partitions", "lateness_s", "max_request_s")
-
-
-def _timed(owner: Any, name: str, label: str, into: dict[str, float]) -> None:
-    """Wrap ``owner.name`` so that its time adds up under ``label``."""
-    inner: Callable[..., Any] = getattr(owner, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            into[label] += time.perf_counter() - started
-
-    setattr(owner, name, wrapper)
 
 
 def profile(db: Path, hold_s: float, top: int, partition_s: float | None = None) -> None:
@@ -85,36 +68,12 @@ def profile(db: Path, hold_s: float, top: int, partition_s: float | None = None)
         store._con.execute("checkpoint")
         print(f"built whole without them in {time.perf_counter() - started:.1f} s")
 
-        steps: dict[str, float] = collections.defaultdict(float)
-        phases: dict[str, float] = collections.defaultdict(float)
-        slice_refresh = _incremental.refresh
-
-        def on_plan(pl: _incremental.Plan) -> None:
-            print(f"plan: t0 {(newest - pl.t0_ns) / 1e9:.1f} s before the newest span, region "
-                  f"from {(newest - pl.recompute_from_ns) / 1e9:.1f} s, context from "
-                  f"{(newest - pl.read_from_ns) / 1e9:.1f} s, skew assumed {pl.skew_ns / 1e9:g} s")
-
-        def traced(con: Any, before_commit: Any = None, _on_plan: Any = None,
-                   _on_built: Any = None, **kwargs: Any) -> int | None:
-            def on_built(step: str, seconds: float) -> None:
-                steps[step] += seconds
-            return slice_refresh(con, before_commit, on_plan, on_built, **kwargs)
-
-        _incremental.refresh = traced  # type: ignore[assignment]
-        _timed(_closed, "close", "closing partitions", phases)
-        _timed(_incremental, "refresh_runs", "per-run rows", phases)
-        _timed(store_module.Store, "_checkpoint_if_large", "checkpoint", phases)
         store.append(spans=spans.filter(span_held), events=events.filter(event_held))
-        started = time.perf_counter()
-        store.refresh()
-        total = time.perf_counter() - started
-        built = sum(v for k, v in steps.items() if k.startswith("build "))
-        replaced = sum(v for k, v in steps.items() if k.startswith("replace "))
-        print(f"slice: {total:.2f} s ({store.last_refresh_kind}); relations built {built:.2f} s, "
-              f"owned rows replaced {replaced:.2f} s, "
-              + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
-        for step, seconds in sorted(steps.items(), key=lambda kv: -kv[1])[:top]:
-            print(f"  {seconds:7.3f} s  {step}")
+        bd = profiled_refresh(store)
+        after = sum(seconds for _, seconds in bd.stages_after)
+        print(f"slice: {bd.total_s:.2f} s, then {after:.2f} s; "
+              f"{plan_text(bd.plan, newest, _incremental.Partitioning.read(store._con))}")
+        print_breakdown(bd, top)
     finally:
         store.close()
         shutil.rmtree(folder, ignore_errors=True)
