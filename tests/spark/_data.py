@@ -16,8 +16,10 @@ import importlib.util
 import random
 from pathlib import Path
 
-REQUESTS = 20_000
-"""The generated run's requests."""
+REQUESTS = 5_000
+"""The generated run's requests: enough to span several partitions of every relation, each
+split across Spark's shuffle partitions (the equivalence test joins by shuffles, not
+broadcasts: ``test_spark_equivalence.BROADCAST_MAX_BYTES``)."""
 
 GENERATED_T0_NS = 1_767_312_000_000_000_000
 """Unix ns of the generated run's virtual time 0: 2026-01-02T00:00Z, a day after the sample
