@@ -29,7 +29,7 @@ from typing import Final
 
 import duckdb
 
-from audit import _incremental, _relations
+from audit import _incremental, _relations, _span_keys
 from audit.schema import RAW_TABLES
 
 FOLDER_SUFFIX: Final = ".parquet"
@@ -523,6 +523,7 @@ def close(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
                     "(select trace_id, span_id from _close_raw)")
         moved.spans = int(con.execute(f"delete from main.raw_spans where {in_range}")
                           .fetchall()[0][0])
+        _span_keys.delete_keys(con, in_range)
         con.execute(f"delete from main.raw_snapshots where scraped_ns >= {lo_ns} "
                     f"and scraped_ns < {hi_ns}")
         # the relations had read the moved spans: the count of spans they read follows
@@ -564,18 +565,15 @@ def reopen(con: duckdb.DuckDBPyConnection, store_path: str | os.PathLike[str],
         rows = _closed_select(root, table, cols, where)
         if table == "raw_spans":
             # a span resent after its partition closed is stored again: one copy stays
-            insert = f"insert or ignore into main.{table} ({names}) {rows}"
-        elif table == "raw_span_events":
-            insert = (f"insert into main.{table} ({names}) select c.* from ({rows}) as c "
-                      f"anti join main.{table} as h using (trace_id, span_id, event_index)")
-        else:
-            insert = f"insert into main.{table} ({names}) {rows}"
-        count = con.execute(insert).fetchall()[0][0]
-        if table == "raw_spans":
-            moved.spans = int(count)
+            moved.spans = _span_keys.insert_new_spans(con, f"({rows})", columns=names)
             # back in the DuckDB tables the relations had read (a close took them off the count)
             con.execute("update routeaudit_meta set value = cast(try_cast(value as bigint) + ? "
                         "as varchar) where key = 'relations_spans'", [moved.spans])
+        elif table == "raw_span_events":
+            con.execute(f"insert into main.{table} ({names}) select c.* from ({rows}) as c "
+                        f"anti join main.{table} as h using (trace_id, span_id, event_index)")
+        else:
+            con.execute(f"insert into main.{table} ({names}) {rows}")
         for entry in _table_dirs(root / table):
             p = _part_of(entry)
             if p is not None and p < until and (lo is None or p >= lo):

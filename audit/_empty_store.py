@@ -21,7 +21,7 @@ from pathlib import Path
 
 import duckdb
 
-from audit import _incremental, _relations
+from audit import _incremental, _relations, _span_keys
 from audit.schema import RAW_TABLES, raw_ddl
 
 _lock = threading.Lock()
@@ -40,7 +40,8 @@ def key(partitioning: Mapping[str, float] | None) -> str:
     for part in (_relations.relations_version(), duckdb.__version__,
                  *sorted(_relations.views(rels)),
                  "cached:", *(sorted(_relations.cached(rels)) if cache_empty else ()),
-                 *(raw_ddl(t) for t in RAW_TABLES), _incremental.DIRTY_DDL,
+                 *(raw_ddl(t) for t in RAW_TABLES), _span_keys.SPAN_KEYS_DDL,
+                 _incremental.DIRTY_DDL,
                  _incremental.RUNS_DUE_DDL,
                  repr(sorted((k, float(v)) for k, v in (partitioning or {}).items()))):
         h.update(part.encode())

@@ -35,7 +35,7 @@ from typing import Final
 
 import duckdb
 
-from audit import _closed, _relations
+from audit import _closed, _relations, _span_keys
 from audit._errors import StoreError
 
 DIRTY_TABLE: Final = "routeaudit_dirty"
@@ -782,6 +782,7 @@ def drop_before(con: duckdb.DuckDBPyConnection, *, raw_keep_ns: int | None,
                         "(select trace_id, span_id from raw_spans where start_ns < ?)", [raw_cut])
             spans_deleted = int(con.execute(
                 "delete from raw_spans where start_ns < ?", [raw_cut]).fetchall()[0][0])
+            _span_keys.delete_keys(con, f"start_ns < {int(raw_cut)}")
             con.execute("delete from raw_snapshots where scraped_ns < ?", [raw_cut])
             # the relations had read the deleted spans: their count of spans read follows
             con.execute("update routeaudit_meta set value = cast(greatest(0, try_cast(value as "

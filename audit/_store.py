@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow as pa
 
 import semconv
-from audit import _closed, _empty_store, _incremental, _relations
+from audit import _closed, _empty_store, _incremental, _relations, _span_keys
 from audit._errors import AuditError, CollectorUnavailable, QueryError, StoreError
 from audit._readonly import DEFAULT_LIMITS, QueryCancel, QueryLimits, check_read_only, run_read_only
 from audit._slo import SLO, load_slo
@@ -227,6 +227,7 @@ class Store:
         for table in RAW_TABLES:
             self._con.execute(raw_ddl(table))
         _add_missing_raw_columns(self._con, self.path if self._closes else None)
+        _span_keys.ensure(self._con)
         self._events_keyed = bool(self._con.execute(
             "select count(*) from duckdb_constraints() where database_name = current_database() "
             "and table_name = 'raw_span_events' and constraint_type = 'PRIMARY KEY'").fetchall()[0][0])
@@ -566,9 +567,7 @@ class Store:
                 new = 0
                 if spans is not None and spans.num_rows:
                     con.register("_ra_spans", spans)
-                    new = con.execute(
-                        "insert or ignore into raw_spans by name select * from _ra_spans"
-                    ).fetchall()[0][0]
+                    new = _span_keys.insert_new_spans(con, "_ra_spans")
                     if new:
                         # what the next incremental refresh must reach back to
                         con.execute(f"insert into {_incremental.DIRTY_TABLE} "

@@ -152,6 +152,12 @@ def tile(base: Path, path: Path, n: int) -> dict[str, float]:
         con.execute(f"insert into raw_span_events by name select * replace ({', '.join(ev_repl)}) "
                     "from base_events")
         print(f"  tiled copy {k}/{copies - 1}", end="\r", file=sys.stderr, flush=True)
+    # the copies' keys, as Store.append stores them with the spans
+    from audit import _span_keys
+
+    con.execute(_span_keys.SPAN_KEYS_DDL)
+    con.execute(f"insert or ignore into {_span_keys.SPAN_KEYS_TABLE} "
+                f"select {_span_keys.span_key()}, start_ns from raw_spans")
     con.execute("checkpoint")
     con.close()
     return {"tile_s": time.perf_counter() - t0, "copies": copies, "base_requests": base_n}

@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from analysis_scaling import generate  # noqa: E402
 
-from audit import _closed, _incremental, _relations  # noqa: E402
+from audit import _closed, _incremental, _relations, _span_keys  # noqa: E402
 from audit._store import Store, _add_missing_raw_columns, _record_refresh, _tune  # noqa: E402
 
 _ID_COLUMNS = ("a_request_id", "a_gen_ai_request_id", "a_router_request_id", "a_rid")
@@ -132,6 +132,9 @@ class Traffic:
                 self.con.execute(f"insert into dst.raw_spans by name {self._copy_sql(k, lo, hi, False)}")
                 self.con.execute(f"insert into dst.raw_span_events by name {self._copy_sql(k, lo, hi, True)}")
                 print(f"  copy {j + 1}", end="\r", file=sys.stderr, flush=True)
+            # the spans' keys, as Store.append stores them with the spans
+            self.con.execute(f"insert into dst.{_span_keys.SPAN_KEYS_TABLE} "
+                             f"select {_span_keys.span_key()}, start_ns from dst.raw_spans")
             # the relations (built empty) no longer hold what the store does
             self.con.execute("delete from dst.routeaudit_meta where key = 'relations_spans'")
             self.con.execute("delete from dst.routeaudit_dirty")

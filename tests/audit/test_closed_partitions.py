@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from polars.testing import assert_frame_equal
-from tiled_sample import SETTINGS, batches, new_store, relation_rows, tiled_sample
+from tiled_sample import SETTINGS, assert_span_keys_match, batches, new_store, relation_rows, tiled_sample
 
 import audit
 from audit import _closed, _incremental, _relations, queries
@@ -181,12 +181,38 @@ def test_a_late_request_reopens_its_partitions_and_they_close_again(built: dict[
     assert not stray, stray
 
 
+def test_the_span_keys_leave_and_come_back_with_their_spans(built: dict[str, Any]) -> None:
+    """Closes, the late request's re-open and the close after it moved spans out of the DuckDB
+    file and back: their keys (what a resent span is found by) moved with them."""
+    assert built["reopened"].partitions
+    assert_span_keys_match(built["inc"])
+
+
 def _copy_store(store: Store, path: Path) -> Path:
     """A copy of ``store``'s file and its folder of closed partitions at ``path``."""
     store.checkpoint()
     path.write_bytes(store.path.read_bytes())
     shutil.copytree(_closed.folder(store.path), _closed.folder(path))
     return path
+
+
+def test_a_span_resent_after_its_partition_closed_is_kept_once(built: dict[str, Any],
+                                                               tmp_path: Path) -> None:
+    """The oldest span sent again: stored in the DuckDB file beside its closed copy, it
+    re-opens its partition, whose copy from Parquet is then left out."""
+    raw = built["raw"]
+    oldest = raw["raw_spans"].sort_by("start_ns").slice(0, 1)
+    trace, span = oldest.column("trace_id")[0].as_py(), oldest.column("span_id")[0].as_py()
+    store = Store(_copy_store(built["inc"], tmp_path / "resent.duckdb"), incremental=True)
+    try:
+        count = f"select count(*) as n from raw_spans where trace_id = '{trace}' and span_id = '{span}'"
+        assert store.query_arrow(count).column("n")[0].as_py() == 1
+        assert store.append(spans=oldest) == 1  # its copy is in Parquet, not in the DuckDB file
+        store.refresh()
+        assert store.query_arrow(count).column("n")[0].as_py() == 1
+        assert_span_keys_match(store)
+    finally:
+        store.close()
 
 
 def test_a_reader_of_the_file_and_polars_see_every_partition(built: dict[str, Any], tmp_path: Path) -> None:

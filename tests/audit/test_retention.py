@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from tiled_sample import new_store, tiled_sample
+from tiled_sample import assert_span_keys_match, new_store, tiled_sample
 
 from audit import _incremental
 from audit._errors import StoreError
@@ -57,6 +57,7 @@ def test_retention_drops_old_partitions_and_slices_go_on(tmp_path: Path) -> None
         assert done.verdicts_from_ns == (newest - 420 * S) // (60 * S) * (60 * S)
         assert done.spans_deleted > 0 and done.requests_deleted > 0
         assert con_rows("select min(start_ns) from raw_spans")[0][0] >= done.raw_from_ns
+        assert_span_keys_match(store)  # the deleted spans' keys went with them
         assert con_rows("select count(*) from raw_span_events e anti join raw_spans s "
                            "using (trace_id, span_id)")[0][0] == 0
         kept = {r[0]: r[1:] for r in con_rows(

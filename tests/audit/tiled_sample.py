@@ -127,3 +127,21 @@ def query_rows(store: Store, sql: str) -> list[str]:
     """A query's rows, each a comparable string (floats to 6 places), sorted."""
     rows = store.query_arrow(sql).to_pylist()
     return sorted(repr(sorted((k, _norm(v)) for k, v in r.items())) for r in rows)
+
+
+def assert_span_keys_match(store: Store) -> None:
+    """The store's span keys are exactly those of the spans its DuckDB file holds (closed
+    partitions' spans have none), each with its span's start."""
+    from audit import _span_keys
+
+    key = _span_keys.span_key()
+    cur = store._con.cursor()
+    try:
+        diff = cur.execute(
+            f"select (select count(*) from (select span_key, start_ns from main.{_span_keys.SPAN_KEYS_TABLE} "
+            f"except all select {key}, start_ns from main.raw_spans)), "
+            f"(select count(*) from (select {key}, start_ns from main.raw_spans "
+            f"except all select span_key, start_ns from main.{_span_keys.SPAN_KEYS_TABLE}))").fetchall()[0]
+    finally:
+        cur.close()
+    assert diff == (0, 0), f"keys without their span, spans without their key: {diff}"

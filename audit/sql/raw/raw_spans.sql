@@ -1,4 +1,6 @@
--- raw_spans: one row per span as received (grain: trace_id, span_id; duplicates ignored).
+-- raw_spans: one row per span as received (grain: trace_id, span_id; duplicates ignored: the
+-- store keeps each stored span's key in routeaudit_span_keys, audit/_span_keys.py, as a key on
+-- the two varchar ids made every delete of spans slow).
 -- Written only by the collector's writer thread, in batched transactions. The a_* / r_*
 -- columns are typed copies of the keys listed in audit/semconv.py (TYPED_SPAN_ATTRIBUTES,
 -- TYPED_RESOURCE_ATTRIBUTES). Each span attribute value is stored once: attributes keeps, as
@@ -101,6 +103,5 @@ create table if not exists raw_spans (
     a_http_target varchar,
     a_http_status_legacy bigint,
     a_code_namespace varchar,
-    a_decision_candidates varchar,      -- verbatim where its raw_span_events rows do not hold it whole, else NULL
-    primary key (trace_id, span_id)
+    a_decision_candidates varchar       -- verbatim where its raw_span_events rows do not hold it whole, else NULL
 );
