@@ -4,7 +4,7 @@ stored once.
 ``raw_spans`` has no primary key of its own. One on its two varchar id columns would make every
 delete of raw spans (closing partitions, retention) slow at commit: DuckDB takes each deleted
 row's entry out of such an index one by one, about 55 µs per span, against under 2 µs on one
-128-bit integer (docs/performance.md). The key lives instead in :data:`SPAN_KEYS_TABLE`, one
+125-bit integer (docs/performance.md). The key lives instead in :data:`SPAN_KEYS_TABLE`, one
 row per span held in the DuckDB file: 125 bits of an MD5 of the span's ids, beside the span's
 start, so that keys leave with their spans by the same time range. Every writer of raw spans
 inserts them through :func:`insert_new_spans`; every delete of raw spans deletes the keys of
@@ -28,28 +28,25 @@ SPAN_KEYS_DDL: Final = (
 """One row per span in ``raw_spans``."""
 
 
-def span_key(alias: str = "") -> str:
-    """The key of a span: 125 bits of the MD5 of its ids, the trace id's length first so that no
-    two pairs of ids give one string. A hugeint that small is exactly the 38-digit decimal Arrow
-    carries it in (:func:`insert_new_spans` reads the new keys back). ``alias``: the qualifier
-    of the id columns (``"s."``)."""
-    return (f"cast(md5_number(length({alias}trace_id) || ':' || {alias}trace_id "
-            f"|| {alias}span_id) >> 3 as hugeint)")
+def span_key() -> str:
+    """The key of a span, over its ``trace_id`` and ``span_id``: 125 bits of the MD5 of its ids,
+    the trace id's length first so that no two pairs of ids give one string. A hugeint that
+    small is exactly the 38-digit decimal Arrow carries it in (:func:`insert_new_spans` reads
+    the new keys back)."""
+    return "cast(md5_number(length(trace_id) || ':' || trace_id || span_id) >> 3 as hugeint)"
 
 
-def insert_new_spans(con: duckdb.DuckDBPyConnection, source: str,
-                     target: str = "main.raw_spans", columns: str | None = None) -> int:
+def insert_new_spans(con: duckdb.DuckDBPyConnection, source: str, columns: str | None = None) -> int:
     """Insert the spans of ``source`` (a relation or a parenthesised query with ``raw_spans``'s
-    columns, or ``columns`` of them) that ``target`` does not hold, once each, with their keys;
-    return how many. Run in the caller's transaction."""
-    keys_table = f"{target.rpartition('.')[0] + '.' if '.' in target else ''}{SPAN_KEYS_TABLE}"
+    columns, or ``columns`` of them) that the store's ``raw_spans`` does not hold, once each,
+    with their keys; return how many. Run in the caller's transaction."""
     # a relation: DuckDB runs the statement once, and its rows come back without a DB-API copy
-    new = con.sql(f"insert or ignore into {keys_table} "
+    new = con.sql(f"insert or ignore into main.{SPAN_KEYS_TABLE} "
                   f"select {span_key()}, start_ns from {source} returning span_key").to_arrow_table()
     n = int(new.num_rows)
     if not n:
         return 0
-    into = f"{target} ({columns})" if columns else f"{target} by name"
+    into = f"main.raw_spans ({columns})" if columns else "main.raw_spans by name"
     cols = columns or "*"
     total = int(con.execute(f"select count(*) from {source}").fetchall()[0][0])
     if n == total:  # every span new, none twice: the usual export
@@ -65,10 +62,10 @@ def insert_new_spans(con: duckdb.DuckDBPyConnection, source: str,
     return n
 
 
-def delete_keys(con: duckdb.DuckDBPyConnection, where: str, schema: str = "main") -> None:
+def delete_keys(con: duckdb.DuckDBPyConnection, where: str) -> None:
     """Delete the keys of the spans ``where`` (a condition on ``start_ns`` alone) selects, with
     them, in the caller's transaction."""
-    con.execute(f"delete from {schema}.{SPAN_KEYS_TABLE} where {where}")
+    con.execute(f"delete from main.{SPAN_KEYS_TABLE} where {where}")
 
 
 def ensure(con: duckdb.DuckDBPyConnection) -> None:
