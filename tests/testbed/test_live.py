@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 import audit
+from audit import queries
 from collectors.client import AsyncInstrumentedClient, run_load
 from collectors.otlp import Collector, default_config
 from collectors.scrape import parse_metrics
@@ -34,6 +35,18 @@ def _wait_for(reader: audit.Reader, sql: str, want: int, timeout_s: float = 10.0
         n = int(reader.query(sql).item())
         if n >= want or time.monotonic() > deadline:
             return n
+        time.sleep(0.2)
+
+
+def _wait_caught_up(reader: audit.Reader, timeout_s: float = 30.0) -> int | None:
+    """Spans stored that the relations have not read yet, once none is left or at the deadline:
+    a query reads the relations as the last refresh left them, and under load that refresh may
+    have begun before the last span was committed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pending = queries.relations_freshness(reader)["spans_pending"][0]
+        if pending == 0 or time.monotonic() > deadline:
+            return None if pending is None else int(pending)
         time.sleep(0.2)
 
 
@@ -129,9 +142,10 @@ def test_live_run_through_collector(store_path: Path) -> None:
         # hot_prefix: most prompts share one of two 2048-token system prompts
         assert hits >= 10
         # the marts see the same requests (linked by trace, cached tokens from the replica),
-        # within a refresh interval (plus one refresh) of the raw spans
+        # once they have read every span stored: within a refresh interval (plus one refresh)
         assert _wait_for(reader, f"select count(*) from requests where run_id = '{run_id}'",
                          31, timeout_s=30) == 31
+        assert _wait_caught_up(reader) == 0
         mart = reader.query(
             "select request_id, status, chosen_replica, served_by, actual_cached_tokens "
             "from requests where request_id in (select unnest(?::varchar[]))", [ids]
