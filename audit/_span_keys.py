@@ -17,7 +17,7 @@ from typing import Final
 
 import duckdb
 
-from audit.schema import raw_ddl
+from audit.schema import has_primary_key, raw_ddl
 
 SPAN_KEYS_TABLE: Final = "routeaudit_span_keys"
 SPAN_KEYS_DDL: Final = (
@@ -36,10 +36,12 @@ def span_key() -> str:
     return "cast(md5_number(length(trace_id) || ':' || trace_id || span_id) >> 3 as hugeint)"
 
 
-def insert_new_spans(con: duckdb.DuckDBPyConnection, source: str, columns: str | None = None) -> int:
+def insert_new_spans(con: duckdb.DuckDBPyConnection, source: str, columns: str | None = None,
+                     rows: int | None = None) -> int:
     """Insert the spans of ``source`` (a relation or a parenthesised query with ``raw_spans``'s
     columns, or ``columns`` of them) that the store's ``raw_spans`` does not hold, once each,
-    with their keys; return how many. Run in the caller's transaction."""
+    with their keys; return how many. ``rows``: how many rows ``source`` holds, when the caller
+    knows (else counted). Run in the caller's transaction."""
     # a relation: DuckDB runs the statement once, and its rows come back without a DB-API copy
     new = con.sql(f"insert or ignore into main.{SPAN_KEYS_TABLE} "
                   f"select {span_key()}, start_ns from {source} returning span_key").to_arrow_table()
@@ -48,7 +50,8 @@ def insert_new_spans(con: duckdb.DuckDBPyConnection, source: str, columns: str |
         return 0
     into = f"main.raw_spans ({columns})" if columns else "main.raw_spans by name"
     cols = columns or "*"
-    total = int(con.execute(f"select count(*) from {source}").fetchall()[0][0])
+    total = rows if rows is not None else int(
+        con.execute(f"select count(*) from {source}").fetchall()[0][0])
     if n == total:  # every span new, none twice: the usual export
         con.execute(f"insert into {into} select {cols} from {source}")
         return n
@@ -68,16 +71,21 @@ def delete_keys(con: duckdb.DuckDBPyConnection, where: str) -> None:
     con.execute(f"delete from main.{SPAN_KEYS_TABLE} where {where}")
 
 
+def fill(con: duckdb.DuckDBPyConnection, database: str | None = None) -> None:
+    """Add the keys of the spans of ``raw_spans`` that have none (spans written straight into
+    the table rather than through :func:`insert_new_spans`: a migration, a benchmark's copies).
+    ``database``: an attached store's name instead of the connection's own."""
+    at = f"{database}.main" if database else "main"
+    con.execute(f"insert or ignore into {at}.{SPAN_KEYS_TABLE} "
+                f"select {span_key()}, start_ns from {at}.raw_spans")
+
+
 def ensure(con: duckdb.DuckDBPyConnection) -> None:
     """Create the key table; a store whose ``raw_spans`` still carries the primary key on its
     ids (written by an earlier version) gets ``raw_spans`` rewritten without it and its keys
     filled, in one transaction (a copy of the spans held in the DuckDB file)."""
     con.execute(SPAN_KEYS_DDL)
-    keyed = con.execute(
-        "select count(*) from duckdb_constraints() where database_name = current_database() "
-        "and schema_name = 'main' and table_name = 'raw_spans' "
-        "and constraint_type = 'PRIMARY KEY'").fetchall()[0][0]
-    if not keyed:
+    if not has_primary_key(con, "raw_spans"):
         return
     ddl = raw_ddl("raw_spans")
     create = "create table if not exists raw_spans ("
@@ -93,8 +101,7 @@ def ensure(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"insert into raw_spans__keyless ({names}) select {names} from raw_spans")
         con.execute("drop table raw_spans")
         con.execute("alter table raw_spans__keyless rename to raw_spans")
-        con.execute(f"delete from {SPAN_KEYS_TABLE}")
-        con.execute(f"insert into {SPAN_KEYS_TABLE} select {span_key()}, start_ns from raw_spans")
+        fill(con)
         con.execute("commit")
     except BaseException:
         con.execute("rollback")

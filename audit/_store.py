@@ -24,7 +24,14 @@ from audit import _closed, _empty_store, _incremental, _relations, _span_keys
 from audit._errors import AuditError, CollectorUnavailable, QueryError, StoreError
 from audit._readonly import DEFAULT_LIMITS, QueryCancel, QueryLimits, check_read_only, run_read_only
 from audit._slo import SLO, load_slo
-from audit.schema import RAW_SNAPSHOTS_SCHEMA, RAW_SPAN_EVENTS_SCHEMA, RAW_SPANS_SCHEMA, RAW_TABLES, raw_ddl
+from audit.schema import (
+    RAW_SNAPSHOTS_SCHEMA,
+    RAW_SPAN_EVENTS_SCHEMA,
+    RAW_SPANS_SCHEMA,
+    RAW_TABLES,
+    has_primary_key,
+    raw_ddl,
+)
 
 SIDECAR_SUFFIX = ".collector.json"
 """A running collector announces itself in ``<store>.collector.json`` (query URL, token)."""
@@ -228,9 +235,7 @@ class Store:
             self._con.execute(raw_ddl(table))
         _add_missing_raw_columns(self._con, self.path if self._closes else None)
         _span_keys.ensure(self._con)
-        self._events_keyed = bool(self._con.execute(
-            "select count(*) from duckdb_constraints() where database_name = current_database() "
-            "and table_name = 'raw_span_events' and constraint_type = 'PRIMARY KEY'").fetchall()[0][0])
+        self._events_keyed = has_primary_key(self._con, "raw_span_events")
         self._con.execute(
             "create table if not exists routeaudit_meta (key varchar primary key, value varchar)"
         )
@@ -567,7 +572,7 @@ class Store:
                 new = 0
                 if spans is not None and spans.num_rows:
                     con.register("_ra_spans", spans)
-                    new = _span_keys.insert_new_spans(con, "_ra_spans")
+                    new = _span_keys.insert_new_spans(con, "_ra_spans", rows=spans.num_rows)
                     if new:
                         # what the next incremental refresh must reach back to
                         con.execute(f"insert into {_incremental.DIRTY_TABLE} "

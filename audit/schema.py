@@ -31,6 +31,15 @@ def _arrow_schema(table: str) -> pa.Schema:
     return schema
 
 
+def has_primary_key(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether ``table`` of the connection's database has a primary key (raw tables of stores
+    written by earlier versions do)."""
+    return bool(con.execute(
+        "select count(*) from duckdb_constraints() where database_name = current_database() "
+        "and schema_name = 'main' and table_name = ? and constraint_type = 'PRIMARY KEY'",
+        [table]).fetchall()[0][0])
+
+
 RAW_SPANS_SCHEMA: Final = _arrow_schema("raw_spans")
 RAW_SPAN_EVENTS_SCHEMA: Final = _arrow_schema("raw_span_events")
 RAW_SNAPSHOTS_SCHEMA: Final = _arrow_schema("raw_snapshots")

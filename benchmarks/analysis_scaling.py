@@ -156,8 +156,7 @@ def tile(base: Path, path: Path, n: int) -> dict[str, float]:
     from audit import _span_keys
 
     con.execute(_span_keys.SPAN_KEYS_DDL)
-    con.execute(f"insert or ignore into {_span_keys.SPAN_KEYS_TABLE} "
-                f"select {_span_keys.span_key()}, start_ns from raw_spans")
+    _span_keys.fill(con)
     con.execute("checkpoint")
     con.close()
     return {"tile_s": time.perf_counter() - t0, "copies": copies, "base_requests": base_n}

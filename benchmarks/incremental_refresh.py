@@ -133,8 +133,7 @@ class Traffic:
                 self.con.execute(f"insert into dst.raw_span_events by name {self._copy_sql(k, lo, hi, True)}")
                 print(f"  copy {j + 1}", end="\r", file=sys.stderr, flush=True)
             # the spans' keys, as Store.append stores them with the spans
-            self.con.execute(f"insert into dst.{_span_keys.SPAN_KEYS_TABLE} "
-                             f"select {_span_keys.span_key()}, start_ns from dst.raw_spans")
+            _span_keys.fill(self.con, "dst")
             # the relations (built empty) no longer hold what the store does
             self.con.execute("delete from dst.routeaudit_meta where key = 'relations_spans'")
             self.con.execute("delete from dst.routeaudit_dirty")

@@ -1,6 +1,6 @@
 -- raw_spans: one row per span as received (grain: trace_id, span_id; duplicates ignored: the
--- store keeps each stored span's key in routeaudit_span_keys, audit/_span_keys.py, as a key on
--- the two varchar ids made every delete of spans slow).
+-- store keeps each stored span's key in routeaudit_span_keys, audit/_span_keys.py: a key on
+-- the two varchar ids would make every delete of spans slow).
 -- Written only by the collector's writer thread, in batched transactions. The a_* / r_*
 -- columns are typed copies of the keys listed in audit/semconv.py (TYPED_SPAN_ATTRIBUTES,
 -- TYPED_RESOURCE_ATTRIBUTES). Each span attribute value is stored once: attributes keeps, as
