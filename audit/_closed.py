@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Final
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from audit import _incremental, _relations, _span_keys
 from audit.schema import RAW_TABLES
@@ -613,13 +615,33 @@ def forget(store_path: str | os.PathLike[str], moved: Moved, until: int | None,
     _write_marker(folder(store_path), until, partition_ns)
 
 
+@dataclass
+class Dropped:
+    """What retention deleted of the closed partitions: folders, and the rows of ``raw_spans``
+    and ``requests`` in them (from the Parquet footers)."""
+
+    folders: int = 0
+    spans: int = 0
+    requests: int = 0
+
+
+def _rows(path: Path) -> int:
+    """Rows of the Parquet files of one partition's folder, from their footers."""
+    total = 0
+    for name in os.listdir(path):
+        if name.endswith(".parquet"):
+            total += pq.ParquetFile(path / name).metadata.num_rows
+    return total
+
+
 def drop_before(store_path: str | os.PathLike[str], *, raw_before_part: int | None,
-                derived_before_part: int | None) -> int:
+                derived_before_part: int | None) -> Dropped:
     """Retention over closed partitions: delete the folders of raw tables below
     ``raw_before_part`` and of derived tables below ``derived_before_part``. Their rows had
-    already left the DuckDB tables' counts when they closed. Returns the folders deleted."""
+    already left the DuckDB tables' counts when they closed; the raw spans and requests they
+    held are counted for the retention's figures."""
     root = folder(store_path)
-    deleted = 0
+    dropped = Dropped()
     for table in _table_dirs(root):
         cut = raw_before_part if table in RAW_TABLES else derived_before_part
         if cut is None:
@@ -634,9 +656,16 @@ def drop_before(store_path: str | os.PathLike[str], *, raw_before_part: int | No
                     os.rename(root / table / entry, doomed)
                 except OSError:
                     continue
+                try:
+                    if table == "raw_spans":
+                        dropped.spans += _rows(doomed)
+                    elif table == "requests":
+                        dropped.requests += _rows(doomed)
+                except (OSError, pa.ArrowException):  # a count is a figure: the delete goes on
+                    pass
                 shutil.rmtree(doomed, ignore_errors=True)
-                deleted += 1
-    return deleted
+                dropped.folders += 1
+    return dropped
 
 
 def _part_of(entry: str) -> int | None:

@@ -6,6 +6,7 @@ running collector when there is one, and open the file read-only for one query o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -466,7 +467,9 @@ class Store:
         """Delete whole partitions of raw rows older than ``raw_s`` seconds and of derived rows
         older than ``verdicts_s`` seconds before the newest span (None keeps them), online: see
         :func:`audit._incremental.drop_before`. A refresh never recomputes time whose raw rows
-        are gone; derived rows kept longer than raw ones stay as they were last computed."""
+        are gone; derived rows kept longer than raw ones stay as they were last computed.
+        Returns the cuts and what went: raw spans and requests, in the DuckDB file and in the
+        closed partitions' folders alike."""
         for name, value in (("raw_s", raw_s), ("verdicts_s", verdicts_s)):
             if value is not None and not value > 0:
                 raise StoreError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -483,8 +486,13 @@ class Store:
                         raw_before_part=None if done.raw_from_ns is None else done.raw_from_ns // w,
                         derived_before_part=None if done.verdicts_from_ns is None
                         else done.verdicts_from_ns // w)
-                    if dropped:
+                    if dropped.folders:
                         self._partitions_moved()
+                    # the closed rows had left the DuckDB counts at their close: only the
+                    # figures returned (the collector's retention counters) take them in
+                    closed_spans, closed_requests = dropped.spans, dropped.requests
+                else:
+                    closed_spans = closed_requests = 0
             finally:
                 cur.close()
             if done.spans_deleted:
@@ -493,7 +501,8 @@ class Store:
                 if self._spans_in_relations is not None:
                     # the deleted spans had been read by the relations (the store's count too)
                     self._spans_in_relations = max(0, self._spans_in_relations - done.spans_deleted)
-            return done
+            return dataclasses.replace(done, spans_deleted=done.spans_deleted + closed_spans,
+                                       requests_deleted=done.requests_deleted + closed_requests)
 
     def _slices_apply(self) -> bool:
         """Whether this refresh can recompute slices: relations of this version already built

@@ -259,7 +259,15 @@ def test_retention_deletes_closed_partitions(built: dict[str, Any], tmp_path: Pa
         w = _incremental_partition_ns(store)
         oldest = min(int(p.name[5:]) for p in (_closed.folder(path) / "raw_spans").iterdir())
         keep_s = (newest - (oldest + 2) * w) / 1e9
+        before = [store.query_arrow(f"select count(*) from {t}").column(0)[0].as_py()
+                  for t in ("raw_spans", "requests")]
         done = store.retain(raw_s=keep_s, verdicts_s=keep_s)
+        after = [store.query_arrow(f"select count(*) from {t}").column(0)[0].as_py()
+                 for t in ("raw_spans", "requests")]
+        # what it says it deleted is what readers no longer see, the closed folders' rows too
+        assert (done.spans_deleted, done.requests_deleted) == (before[0] - after[0],
+                                                               before[1] - after[1]), (before, after)
+        assert done.spans_deleted > 0 and done.requests_deleted > 0
         assert done.raw_from_ns is not None
         cut = done.raw_from_ns // w
         left = [int(p.name[5:]) for p in (_closed.folder(path) / "raw_spans").iterdir()]
