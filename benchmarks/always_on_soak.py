@@ -25,7 +25,8 @@ simulator handed a request to the SDK, non-zero when the senders cannot keep up.
 Every ``--sample-s`` seconds: the collector's RSS (/proc), the spans committed, the background
 refreshes (count, seconds, the last one's duration), ``closed_until_ns``, ``last_close_ms`` and
 ``last_checkpoint_ms`` from ``/health``, the size of the store's WAL (``<db>.wal``; it falls to 0
-at each checkpoint), and the lag of ``attributions``:
+at each checkpoint), the store's bytes on disk (blocks allocated to its DuckDB file, WAL and
+closed partitions' Parquet), and the lag of ``attributions``:
 
 * ``newest complete`` = the newest ``start_ns`` of a ``routeaudit.client`` span in
   ``raw_spans``. The client span ends last and is sent when the request has ended, so this is
@@ -47,10 +48,18 @@ At the end the senders stop (every acknowledged span must be committed), the sto
 through the collector (``raw_spans`` includes the closed partitions in Parquet), and the
 summary prints the lag's p50/p99/max (samples from ``--warmup-s`` on), the mean refresh
 duration in minute 5 and in the last minute, RSS at minute 5 and at the end, acknowledged vs
-stored spans and whether partitions closed.
+stored spans and whether partitions closed. With the collector's retention on
+(``--collector-arg=--retain-raw --collector-arg=12m``, ``--retain-verdicts``), the spans it
+deleted count as stored (``retention_spans_deleted``), and the summary gives the disk when its
+counters first show a deletion, its maximum after that and in the second half of the time after
+it, with and without the WAL: a store that keeps a fixed width of time holds its disk level from
+then on. It ends with the range the store says it covers (``store_range``, the dashboard's).
 
     python3 benchmarks/always_on_soak.py --rate 200 --minutes 2
     python3 benchmarks/always_on_soak.py --rate 200 --minutes 30
+    python3 benchmarks/always_on_soak.py --rate 50 --minutes 30 --senders 1 \
+        --collector-arg=--retain-raw --collector-arg=12m \
+        --collector-arg=--retain-verdicts --collector-arg=16m
 """
 
 from __future__ import annotations
@@ -230,6 +239,9 @@ class Sample:
     last_close_ms: float | None
     last_checkpoint_ms: float | None
     wal_mib: float
+    disk_mib: float
+    retained_spans: int
+    retained_requests: int
     query_ms: float
     load1: float
 
@@ -239,6 +251,22 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:  # no WAL: everything checkpointed
         return 0
+
+
+def _disk(db: Path) -> int:
+    """Bytes on disk of the store: its DuckDB file, WAL and closed partitions' folder (blocks
+    allocated, so a file DuckDB leaves sparse counts what it holds)."""
+    paths = [db, Path(f"{db}.wal")]
+    folder = Path(f"{db}.parquet")
+    if folder.is_dir():
+        paths += [Path(root) / name for root, _, names in os.walk(folder) for name in names]
+    total = 0
+    for path in paths:
+        try:
+            total += path.stat().st_blocks * 512
+        except OSError:  # gone between the listing and the stat (a close or retention)
+            pass
+    return total
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -251,6 +279,7 @@ def soak(args: argparse.Namespace) -> int:
 
     import audit
     import semconv as sc
+    from audit import queries
 
     fleets = max(1, math.ceil(args.rate / args.fleet_rate))
     per_fleet = args.rate / fleets
@@ -301,7 +330,7 @@ def soak(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         samples: list[Sample] = []
         print("   t s   RSS MiB  committed      acked  refr (s in them)  last ms   lag s  "
-              "age s  sender behind ms  closed   query ms  load  WAL MiB", flush=True)
+              "age s  sender behind ms  closed   query ms  load  WAL MiB  disk MiB", flush=True)
 
         def sample() -> Sample:
             q0 = time.perf_counter()
@@ -333,6 +362,9 @@ def soak(args: argparse.Namespace) -> int:
                 age_s=None if judged is None else (now_ns - judged) / 1e9, behind_ms=behind,
                 closed_until_ns=h.get("closed_until_ns"), last_close_ms=h.get("last_close_ms"),
                 last_checkpoint_ms=h.get("last_checkpoint_ms"), wal_mib=_size(wal) / 2**20,
+                disk_mib=_disk(db) / 2**20,
+                retained_spans=int(c.get("retention_spans_deleted", 0)),
+                retained_requests=int(c.get("retention_requests_deleted", 0)),
                 query_ms=query_ms,
                 load1=os.getloadavg()[0])
             lag = "-" if out.lag_s is None else f"{out.lag_s:.1f}"
@@ -342,7 +374,7 @@ def soak(args: argparse.Namespace) -> int:
             print(f"{out.t_s:6.0f} {out.rss_mib:9,.0f} {out.committed:10,d} {out.acked:10,d} "
                   f"{out.refreshes:5d} ({out.refresh_s:7.1f}) {out.last_refresh_ms or 0:8,.0f} "
                   f"{lag:>7} {age:>6} {out.behind_ms:17,.0f} {closed:>7} {query_ms:10,.0f} "
-                  f"{out.load1:5.1f} {out.wal_mib:8,.0f}", flush=True)
+                  f"{out.load1:5.1f} {out.wal_mib:8,.0f} {out.disk_mib:9,.0f}", flush=True)
             return out
 
         next_at = t0 + args.sample_s
@@ -364,11 +396,22 @@ def soak(args: argparse.Namespace) -> int:
             time.sleep(args.sample_s)
             samples.append(sample())
         stored = reader.query_arrow("select count(*) from raw_spans").column(0)[0].as_py()
+        # what the dashboard's sidebar says the store covers, and the raw spans' time
+        held = queries.store_range(reader).row(0, named=True)
+        raw_from = reader.query_arrow("select min(start_ns) from raw_spans").column(0)[0].as_py()
         warnings = [line for line in (tmp / "collector.log").read_text(errors="replace").splitlines()
                     if " WARNING " in line or " ERROR " in line]
         for line in warnings[:10]:
             print("  collector:", line[:300])
+        # spans retention deleted were stored first: acknowledged = stored now + deleted
+        stored += samples[-1].retained_spans
         summarise(args, samples, requests, handed, acked, failed, stored, sent_s, collector_cpu)
+        if held["first_at"] is not None and raw_from is not None:
+            span = (held["last_at"] - held["first_at"]).total_seconds() / 60
+            raw_min = (time.time_ns() - raw_from) / 6e10
+            print(f"  the store covers {held['requests']:,} requests over {span:.1f} min "
+                  f"(store_range, as the dashboard says); its oldest raw span started "
+                  f"{raw_min:.1f} min ago")
         return 0 if stored >= acked else 1
     finally:
         for p in procs:
@@ -406,7 +449,9 @@ def summarise(args: argparse.Namespace, samples: list[Sample], requests: int, ha
     print(f"\nsummary: {requests:,} requests ({requests / sent_s:,.0f}/s) in {sent_s:,.0f} s; "
           f"spans handed to the SDK {handed:,}, acknowledged {acked:,}, failed exports {failed:,} spans, "
           f"dropped by the SDK's full queue or unanswered {handed - acked - failed:,}; stored {stored:,} "
-          f"({'OK: nothing acknowledged lost' if stored >= acked else 'MISSING SPANS'}); "
+          + (f"(of which deleted by retention since: {samples[-1].retained_spans:,}) "
+             if samples[-1].retained_spans else "")
+          + f"({'OK: nothing acknowledged lost' if stored >= acked else 'MISSING SPANS'}); "
           f"collector CPU {collector_cpu / sent_s:.2f} cores; load {samples[-1].load1:.1f} at the end")
     if lags:
         print(f"  lag of attributions behind the newest complete request, {len(lags)} samples "
@@ -442,6 +487,22 @@ def summarise(args: argparse.Namespace, samples: list[Sample], requests: int, ha
         # distinct values of /health's last_close_ms: the moves the samples saw, not every one
         print(f"  moves to Parquet seen: {len(moves)}, median {_pct(moves, 0.5) / 1e3:.2f} s, "
               f"longest {moves[-1] / 1e3:.2f} s (each inside its refresh's duration)")
+    cut = [s for s in samples if s.retained_spans or s.retained_requests]
+    if cut:
+        # once retention cuts, what the store holds is a window of time of fixed width: disk
+        # bounded means the later samples no larger than those soon after the first cut
+        after = [s for s in samples if s.t_s >= cut[0].t_s]
+        half = after[len(after) // 2:]
+        print(f"  retention: first deletion seen at {cut[0].t_s:.0f} s; disk {cut[0].disk_mib:,.0f} MiB "
+              f"then, max {max(s.disk_mib for s in after):,.0f} MiB after it, max in its second half "
+              f"{max(s.disk_mib for s in half):,.0f} MiB, {samples[-1].disk_mib:,.0f} MiB at the end "
+              f"(at 300 s {at5.disk_mib:,.0f} MiB); without the WAL: max after it "
+              f"{max(s.disk_mib - s.wal_mib for s in after):,.0f} MiB, in its second half "
+              f"{max(s.disk_mib - s.wal_mib for s in half):,.0f} MiB; deleted "
+              f"{samples[-1].retained_spans:,} spans, {samples[-1].retained_requests:,} requests")
+    else:
+        print(f"  disk: {at5.disk_mib:,.0f} MiB at {at5.t_s:.0f} s, {tail[-1].disk_mib:,.0f} MiB at "
+              f"{tail[-1].t_s:.0f} s (no retention)")
     checkpoints = sorted({s.last_checkpoint_ms for s in samples if s.last_checkpoint_ms is not None})
     if checkpoints:
         print(f"  checkpoints between slices seen: {len(checkpoints)}, median "
