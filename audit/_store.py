@@ -475,6 +475,9 @@ class Store:
                 raise StoreError(f"{name} must be a number of seconds > 0, got {value!r}")
         with self._refresh_lock:
             cur = self._con.cursor()
+            # the closed rows had left the DuckDB counts at their close: only the figures
+            # returned (the collector's retention counters) take them in
+            closed_spans = closed_requests = 0
             try:
                 done = _incremental.drop_before(
                     cur, raw_keep_ns=None if raw_s is None else int(raw_s * 1e9),
@@ -488,11 +491,7 @@ class Store:
                         else done.verdicts_from_ns // w)
                     if dropped.folders:
                         self._partitions_moved()
-                    # the closed rows had left the DuckDB counts at their close: only the
-                    # figures returned (the collector's retention counters) take them in
                     closed_spans, closed_requests = dropped.spans, dropped.requests
-                else:
-                    closed_spans = closed_requests = 0
             finally:
                 cur.close()
             if done.spans_deleted:
