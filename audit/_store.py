@@ -132,7 +132,7 @@ class Store:
 
     ``threads``: DuckDB's worker threads for this store (None: DuckDB's default, one per core).
     A rebuild with every core takes them from the appends beside it; with fewer it runs longer
-    but ingest keeps the rest (the collector leaves half the cores to its own threads).
+    but ingest keeps the rest (the collector's ``store_threads``, every core by default).
 
     ``partitioning``: settings of a new store's partitions (:data:`PARTITIONING_KEYS`:
     ``partition_s``, ``max_request_s``, ``lateness_s``, ``window_partitions``), written to

@@ -40,8 +40,8 @@ _FLAGS: Final[tuple[tuple[str, str, Any, str, str], ...]] = (
      "longest share of the time spent rebuilding the relations (default 0.25: a slow "
      "rebuild is followed by a pause 3x as long)"),
     ("--store-threads", "store_threads", int, "N",
-     "DuckDB worker threads of the store (default half the cores, so a rebuild of the "
-     "relations leaves the rest to ingest)"),
+     "DuckDB worker threads of the store (default every core: the refreshes set the "
+     "verdicts' lag; half the cores leave more to bulk ingest while a rebuild runs)"),
     ("--store-memory-limit", "store_memory_limit", str, "SIZE",
      "DuckDB memory limit of the store, e.g. 4GB (default 25%% of the machine's memory)"),
     ("--max-body-bytes", "max_body_bytes", int, "N",

@@ -55,11 +55,13 @@ DEFAULT_REFRESH_MAX_SHARE: Final = 0.25
 """At most this share of the time goes to rebuilding the relations while rows arrive: a refresh
 of a large store (minutes at a million requests) is followed by a pause three times as long
 instead of the next refresh, so ingest keeps most of the machine (docs/operations.md)."""
-DEFAULT_STORE_THREADS: Final = max(1, (os.cpu_count() or 2) // 2)
-"""DuckDB worker threads of the store: half the cores, so the receiver's own threads keep the
-other half while the relations are rebuilt (with every core a rebuild took them from the
-appends: on 2 cores one thread gave ingest +13-27 % at the defaults, docs/performance.md;
-a rebuild alone then takes longer)."""
+DEFAULT_STORE_THREADS: Final = max(1, os.cpu_count() or 1)
+"""DuckDB worker threads of the store: every core. A collector left on a fleet spends its cores on
+the refreshes that set the verdicts' lag (2 threads instead of 1 on 2 cores: 17.5 s at p99
+instead of 22.7 s at 100 requests/s), far below ingest's limits; half the cores leave the
+receiver more while a rebuild runs, which only bulk ingest needs (+13-27 % spans/s with one
+thread on 2 cores, docs/performance.md). DuckDB's configuration is locked once the store is
+open, so the count cannot follow the load."""
 DEFAULT_BODY_TIMEOUT_S: Final = 10.0
 """Longest an OTLP/HTTP request body may take to arrive once its headers are in; a slower
 sender (slow-loris) is answered 408 and disconnected, so it cannot hold the collector."""

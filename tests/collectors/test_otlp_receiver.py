@@ -364,6 +364,12 @@ def test_the_store_runs_on_store_threads(tmp_path: Path, threads: int) -> None:
         assert rows(c, "select current_setting('threads')") == [(threads,)]
 
 
+def test_the_store_runs_on_every_core_by_default(tmp_path: Path) -> None:
+    """A collector left on a fleet spends its cores on the refreshes that set the verdicts' lag."""
+    with Collector(make_config(tmp_path)) as c:
+        assert rows(c, "select current_setting('threads')") == [(os.cpu_count(),)]
+
+
 def test_background_refreshes_keep_to_their_share_of_the_time(tmp_path: Path) -> None:
     # Spans keep arriving and the refresh interval is 50 ms: unpaced, the relations would be
     # rebuilt back to back (~90 % of the time); paced at 0.2, each rebuild is followed by a
