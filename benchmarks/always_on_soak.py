@@ -269,6 +269,14 @@ def _disk(db: Path) -> int:
     return total
 
 
+def _retained_spans(base: str) -> int:
+    """The spans the collector's retention has deleted so far (``/health``)."""
+    import httpx
+
+    return int(httpx.get(f"{base}/health", timeout=60).json()["counters"].get(
+        "retention_spans_deleted", 0))
+
+
 def _pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
@@ -395,7 +403,14 @@ def soak(args: argparse.Namespace) -> int:
         for _ in range(6):
             time.sleep(args.sample_s)
             samples.append(sample())
-        stored = reader.query_arrow("select count(*) from raw_spans").column(0)[0].as_py()
+        # spans retention deleted were stored first: acknowledged = stored now + deleted. The
+        # count is taken between two equal readings of retention's counter (a run in between
+        # would delete spans that neither side counts)
+        while True:
+            deleted = _retained_spans(base)
+            stored = reader.query_arrow("select count(*) from raw_spans").column(0)[0].as_py()
+            if _retained_spans(base) == deleted:
+                break
         # what the dashboard's sidebar says the store covers, and the raw spans' time
         held = queries.store_range(reader).row(0, named=True)
         raw_from = reader.query_arrow("select min(start_ns) from raw_spans").column(0)[0].as_py()
@@ -403,16 +418,15 @@ def soak(args: argparse.Namespace) -> int:
                     if " WARNING " in line or " ERROR " in line]
         for line in warnings[:10]:
             print("  collector:", line[:300])
-        # spans retention deleted were stored first: acknowledged = stored now + deleted
-        stored += samples[-1].retained_spans
-        summarise(args, samples, requests, handed, acked, failed, stored, sent_s, collector_cpu)
+        summarise(args, samples, requests, handed, acked, failed, stored + deleted, deleted, sent_s,
+                  collector_cpu)
         if held["first_at"] is not None and raw_from is not None:
             span = (held["last_at"] - held["first_at"]).total_seconds() / 60
             raw_min = (time.time_ns() - raw_from) / 6e10
             print(f"  the store covers {held['requests']:,} requests over {span:.1f} min "
                   f"(store_range, as the dashboard says); its oldest raw span started "
                   f"{raw_min:.1f} min ago")
-        return 0 if stored >= acked else 1
+        return 0 if stored + deleted >= acked else 1
     finally:
         for p in procs:
             if p.is_alive():
@@ -442,15 +456,16 @@ def _minute_refresh(samples: list[Sample], lo_s: float, hi_s: float) -> str:
 
 
 def summarise(args: argparse.Namespace, samples: list[Sample], requests: int, handed: int,
-              acked: int, failed: int, stored: int, sent_s: float, collector_cpu: float) -> None:
+              acked: int, failed: int, stored: int, deleted: int, sent_s: float,
+              collector_cpu: float) -> None:
+    """``stored``: the spans stored, ``deleted`` of them since deleted by retention."""
     end = args.minutes * 60
     lags = [s.lag_s for s in samples if s.lag_s is not None and args.warmup_s <= s.t_s <= end]
     ages = [s.age_s for s in samples if s.age_s is not None and args.warmup_s <= s.t_s <= end]
     print(f"\nsummary: {requests:,} requests ({requests / sent_s:,.0f}/s) in {sent_s:,.0f} s; "
           f"spans handed to the SDK {handed:,}, acknowledged {acked:,}, failed exports {failed:,} spans, "
           f"dropped by the SDK's full queue or unanswered {handed - acked - failed:,}; stored {stored:,} "
-          + (f"(of which deleted by retention since: {samples[-1].retained_spans:,}) "
-             if samples[-1].retained_spans else "")
+          + (f"(of which deleted by retention since: {deleted:,}) " if deleted else "")
           + f"({'OK: nothing acknowledged lost' if stored >= acked else 'MISSING SPANS'}); "
           f"collector CPU {collector_cpu / sent_s:.2f} cores; load {samples[-1].load1:.1f} at the end")
     if lags:
