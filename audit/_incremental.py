@@ -240,13 +240,24 @@ def plan(con: duckdb.DuckDBPyConnection, parts: Partitioning,
     return Plan(t0, read_from, recompute_from, int(dirty_rows), finalising, skew_ns)
 
 
+def slice_reach_ns(parts: Partitioning) -> int:
+    """How far before its ``t0`` a slice may read raw rows: the replica lookback with the skew,
+    or the windows of ``t0``'s partition and of the one before (a span may start a skew early)."""
+    return max(LOOKBACK_NS + SKEW_NS, (parts.window_partitions + 2) * parts.partition_ns)
+
+
+def raw_retention_needed_ns(parts: Partitioning) -> int:
+    """How long behind the newest span raw rows must be kept for every span that arrives within
+    ``max_request_s`` of its request's anchor to be analysed (:func:`_slice_floor`)."""
+    return slice_reach_ns(parts) + parts.max_request_ns
+
+
 def _slice_floor(con: duckdb.DuckDBPyConnection, parts: Partitioning) -> int | None:
     """The oldest t0 whose slice still has every raw row it reads, after retention."""
     kept = raw_kept_from(con)
     if kept is None:
         return None
-    reach = max(LOOKBACK_NS + SKEW_NS, (parts.window_partitions + 2) * parts.partition_ns)
-    return kept + reach
+    return kept + slice_reach_ns(parts)
 
 
 def _restrict_raw(cur: duckdb.DuckDBPyConnection, db: str, pl: Plan, parts: Partitioning) -> None:

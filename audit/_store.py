@@ -57,6 +57,18 @@ refresh, not for a refresh and an interval (the lag of always-on verdicts)."""
 PARTITIONING_KEYS: Final = ("partition_s", "max_request_s", "lateness_s", "window_partitions")
 """The store settings a new store may be given (``stg_partitioning``, docs/architecture.md)."""
 
+DEFAULT_PARTITIONING: Final[Mapping[str, float]] = {
+    "partition_s": 60.0, "lateness_s": 30.0, "max_request_s": 600.0}
+"""The settings a new store records for the keys it is not given. A slice recomputes whole
+partitions from the one holding its earliest new span, so the width sets how much traffic each
+refresh reads and how far the verdicts lag (docs/performance.md, "Always-on soak"). A store
+that recorded no settings keeps ``stg_partitioning``'s fallbacks (300 s, a window of 2)."""
+
+WINDOW_HISTORY_S: Final = 600.0
+"""How much traffic a new store's windowed summaries (clock offsets, fits, fleet medians) learn
+from at least, when ``window_partitions`` is not given: that many partitions' worth (10 of
+60 s)."""
+
 
 def _set_partitioning(con: duckdb.DuckDBPyConnection, wanted: dict[str, float], path: Path) -> None:
     """Write ``wanted`` into ``routeaudit_meta`` of a store without spans; on a store with spans,
@@ -74,6 +86,21 @@ def _set_partitioning(con: duckdb.DuckDBPyConnection, wanted: dict[str, float], 
         raise StoreError(f"window_partitions must be a whole number, got {windows!r}")
     spans = int(con.execute("select count(*) from raw_spans").fetchall()[0][0])
     if spans == 0 and not _closed.folder(path).exists():
+        recorded = {str(k) for (k,) in con.execute(
+            "select key from routeaudit_meta where key in "
+            f"({', '.join(repr(k) for k in PARTITIONING_KEYS)})").fetchall()}
+        # what an empty store recorded before stays, unless asked otherwise; the rest defaults
+        fill = {k: v for k, v in DEFAULT_PARTITIONING.items() if k not in recorded}
+        if "window_partitions" not in recorded:
+            width = wanted.get("partition_s")
+            if width is None and "partition_s" in recorded:
+                width = float(con.execute("select value from routeaudit_meta "
+                                          "where key = 'partition_s'").fetchall()[0][0])
+            width = DEFAULT_PARTITIONING["partition_s"] if width is None else width
+            fill["window_partitions"] = max(1, math.ceil(WINDOW_HISTORY_S / width - 1e-9))
+        wanted = {**fill, **wanted}
+        if not wanted:
+            return
         con.executemany("insert or replace into routeaudit_meta values (?, ?)",
                         [[k, str(int(v) if k == "window_partitions" else float(v))]
                          for k, v in wanted.items()])
@@ -136,8 +163,10 @@ class Store:
 
     ``partitioning``: settings of a new store's partitions (:data:`PARTITIONING_KEYS`:
     ``partition_s``, ``max_request_s``, ``lateness_s``, ``window_partitions``), written to
-    ``routeaudit_meta`` while the store holds no spans; a store that holds spans keeps the
-    settings it was created with, and asking for others is a :class:`StoreError`.
+    ``routeaudit_meta`` while the store holds no spans, with :data:`DEFAULT_PARTITIONING` (and a
+    window of :data:`WINDOW_HISTORY_S`) for the keys it recorded no value of and is not given; a
+    store that holds spans keeps the settings it was created with, and asking for others is a
+    :class:`StoreError`.
 
     ``clock``: monotonic seconds, when refreshes ended and are due (default
     :func:`time.monotonic`); tests pass one they step. A refresh's own duration is always
@@ -265,9 +294,9 @@ class Store:
             self._full_rebuild_due = not marks_kept
         if copied:
             _record_refresh(self._con, 0)  # the copy's relations are this store's from now
-        elif partitioning:
+        else:  # a store without spans records its settings (given, else the defaults)
             try:
-                _set_partitioning(self._con, dict(partitioning), self.path)
+                _set_partitioning(self._con, dict(partitioning or {}), self.path)
             except StoreError:
                 self._con.close()  # the file's lock goes with the refusal
                 raise
@@ -462,6 +491,17 @@ class Store:
             self._spans_stored += spans
         if self._spans_in_relations is not None and spans < 0:
             self._spans_in_relations = max(0, self._spans_in_relations + spans)
+
+    def raw_retention_needed_s(self) -> float:
+        """How long raw rows must be kept behind the newest span for every span of a request to
+        be analysed (:func:`audit._incremental.raw_retention_needed_ns`, from this store's
+        partitioning): :meth:`retain` with a shorter ``raw_s`` leaves the late spans of older
+        requests stored but not analysed."""
+        cur = self._con.cursor()
+        try:
+            return _incremental.raw_retention_needed_ns(_incremental.Partitioning.read(cur)) / 1e9
+        finally:
+            cur.close()
 
     def retain(self, *, raw_s: float | None = None, verdicts_s: float | None = None) -> _incremental.Retained:
         """Delete whole partitions of raw rows older than ``raw_s`` seconds and of derived rows

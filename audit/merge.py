@@ -211,7 +211,10 @@ def _apply_settings(store: Store, settings: dict[str, str]) -> None:
                     f"({', '.join(repr(s) for s in SETTINGS)})")
         for k, v in settings.items():
             cur.execute("insert into routeaudit_meta values (?, ?)", [k, v])
+        # relations built over no rows under the target's own settings: rebuilt under these
+        cur.execute("delete from routeaudit_meta where key = 'relations_version'")
         cur.execute("commit")
+        store._full_rebuild_due = True
     finally:
         cur.close()
 

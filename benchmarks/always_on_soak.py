@@ -535,7 +535,7 @@ def main() -> None:
     ap.add_argument("--run-minutes", type=float, default=5.0,
                     help="a fleet starts a new run (run id) this often")
     ap.add_argument("--partition-s", type=float, default=60.0,
-                    help="the store's partition width (0: the store's default, 300 s)")
+                    help="the store's partition width (0: the store's default, 60 s)")
     ap.add_argument("--max-request-s", type=float, default=60.0,
                     help="the store's max_request_s, with --partition-s")
     ap.add_argument("--sample-s", type=float, default=10.0)

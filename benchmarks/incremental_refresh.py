@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from analysis_scaling import generate  # noqa: E402
 
 from audit import _closed, _incremental, _relations, _span_keys  # noqa: E402
-from audit._store import Store, _add_missing_raw_columns, _record_refresh, _tune  # noqa: E402
+from audit._store import DEFAULT_PARTITIONING, Store, _add_missing_raw_columns, _record_refresh, _tune  # noqa: E402
 
 _ID_COLUMNS = ("a_request_id", "a_gen_ai_request_id", "a_router_request_id", "a_rid")
 _RUN_COLUMNS = ("a_run_id", "r_run_id")
@@ -119,12 +119,14 @@ class Traffic:
             events.append(self.con.sql(self._copy_sql(k, lo, hi, True)).to_arrow_table())
         return pa.concat_tables(spans), pa.concat_tables(events)
 
-    def write_raw(self, path: Path, n: int) -> float:
-        """A store at ``path`` holding requests [0, n), raw tables only (relations not built)."""
+    def write_raw(self, path: Path, n: int, partition_s: float | None = None) -> float:
+        """A store at ``path`` holding requests [0, n), raw tables only (relations not built),
+        with ``partition_s`` wide partitions (None: a new store's default)."""
         t = time.perf_counter()
         for p in (path, Path(f"{path}.wal")):
             p.unlink(missing_ok=True)
-        empty = Store(path)  # the raw DDL, routeaudit_meta, the marks table, empty relations
+        # the raw DDL, routeaudit_meta with the partitioning, the marks table, empty relations
+        empty = Store(path, partitioning=None if partition_s is None else {"partition_s": partition_s})
         empty.close()
         self.con.execute(f"attach '{path}' as dst")
         try:
@@ -485,6 +487,9 @@ def main() -> None:
     ap.add_argument("--keep", default=None, help="folder for the run and the raw stores (default: temp)")
     ap.add_argument("--reuse", action="store_true", help="reuse the run and raw stores in --keep")
     ap.add_argument("--top", type=int, default=10, help="relations listed")
+    ap.add_argument("--partition-s", type=float, default=None,
+                    help="the stores' partition width (default: a new store's, 60 s; the window "
+                         "holds 600 s of traffic either way)")
     args = ap.parse_args()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ra-incremental-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -497,13 +502,14 @@ def main() -> None:
         g = generate(base, args.base, 4096)
         print(f"generated a {args.base:,}-request run ({g['spans']:,} spans) in {g['generate_s']:.1f} s")
     traffic = Traffic(base, args.gap_s)
-    print(f"continuous traffic: copies of {traffic.per_copy:,} requests, {traffic.shift / 1e9:,.0f} s apart")
+    print(f"continuous traffic: copies of {traffic.per_copy:,} requests, {traffic.shift / 1e9:,.0f} s apart; "
+          f"partitions of {args.partition_s or DEFAULT_PARTITIONING['partition_s']:g} s")
     sizes = sorted({args.requests} | ({args.compare} if args.compare else set()))
     results = []
     for n in sizes:
         raw = folder / f"raw_{n}.duckdb"
         if not (args.reuse and raw.exists()):
-            s = traffic.write_raw(raw, n)
+            s = traffic.write_raw(raw, n, args.partition_s)
             print(f"[{n:,} requests] raw store written in {s:.1f} s", flush=True)
         results.append(measure(raw, folder / f"work_{n}.duckdb", n, traffic, args.steps,
                                big_step=(n == min(sizes)), top=args.top))

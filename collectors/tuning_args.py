@@ -86,7 +86,7 @@ _FLAGS: Final[tuple[tuple[str, str, Any, str, str], ...]] = (
      "newest span, e.g. 90d (default: keep everything)"),
     ("--partition", "partition_s", duration, "DURATION",
      "width of a time partition of a new store, e.g. 60s: a refresh by slices recomputes whole "
-     "partitions, so narrower ones keep verdicts fresher (default 5m; a store keeps the "
+     "partitions, so narrower ones keep verdicts fresher (default 60s; a store keeps the "
      "width it was created with)"),
     ("--max-request", "max_request_s", duration, "DURATION",
      "longest a request's spans may arrive after its start, for a new store: a partition's "

@@ -178,6 +178,7 @@ class Collector:
                 raise StartError(f"cannot open store {cfg.db_path}: {one_line(exc)}") from exc
             raise
         self._store = store
+        _check_raw_retention(cfg, store)
         self.metrics.bind_relations_lag(
             lambda: float("nan") if (lag := store.relations_lag_spans) is None else lag)
         self._spool = self._open_spool(cfg, store)
@@ -504,6 +505,19 @@ def _raise_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ImportError, ValueError, OSError):
         pass
+
+
+def _check_raw_retention(cfg: CollectorConfig, store: Store) -> None:
+    """Warn when raw rows are kept for less than the store's slices read back: late spans of the
+    older requests would be stored but never analysed."""
+    if cfg.retain_raw_s is None:
+        return
+    needed = store.raw_retention_needed_s()
+    if cfg.retain_raw_s < needed:
+        log.warning("--retain-raw %.0fs is shorter than %.0fs, what this store's refreshes read "
+                    "back plus its max_request_s: late spans of the older requests will be stored "
+                    "but not analysed (docs/operations.md, \"Retention\")", cfg.retain_raw_s,
+                    needed)
 
 
 def _check_file_limit(cfg: CollectorConfig) -> None:

@@ -194,7 +194,7 @@ class CollectorConfig:
     """Keep derived rows (requests, decisions, attributions...) this many seconds behind the
     newest span (None: keep everything). May exceed ``retain_raw_s``."""
     partition_s: float | None = None
-    """Width of a new store's time partitions, seconds (None: the store's own, 300 for a new
+    """Width of a new store's time partitions, seconds (None: the store's own, 60 for a new
     one); a store holding spans keeps the width it was created with (docs/architecture.md)."""
     max_request_s: float | None = None
     """A new store's ``max_request_s`` (None: the store's own, 600 for a new one)."""

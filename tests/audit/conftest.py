@@ -27,13 +27,14 @@ def empty_store_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def make_store(tmp_path: Path, empty_store_file: Path) -> Iterator[Callable[..., Store]]:
     """Build a store from RawRows (optionally appended in several batches), each a copy of the
-    new empty store."""
+    new empty store, with the partitioning given (else a new store's)."""
     stores: list[Store] = []
 
-    def build(*batches: RawRows, name: str = "audit.duckdb") -> Store:
+    def build(*batches: RawRows, name: str = "audit.duckdb",
+              partitioning: dict[str, float] | None = None) -> Store:
         if not (tmp_path / name).exists():
             shutil.copyfile(empty_store_file, tmp_path / name)
-        store = Store(tmp_path / name)
+        store = Store(tmp_path / name, partitioning=partitioning)
         stores.append(store)
         for rows in batches:
             spans, events = rows.tables()

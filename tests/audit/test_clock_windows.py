@@ -20,7 +20,10 @@ import semconv
 from audit._store import Store
 
 PART_NS = 300 * 10**9
-"""The default partition width (stg_partitioning); T0 starts a partition."""
+"""The partition width of these stores; T0 starts a partition."""
+
+PARTITIONING = {"partition_s": PART_NS / 1e9, "window_partitions": 2}
+"""Windows of two partitions before their own, which the partitions far apart below outreach."""
 
 
 def _requests(rows: RawRows, part: int, router_skew_ms: int, *, first_n: int, count: int = 3) -> None:
@@ -44,7 +47,7 @@ def test_a_drifting_clock_is_followed_partition_by_partition(make_store: Callabl
     rows = RawRows()
     for k, (part, skew_ms) in enumerate([(0, 0), (5, 400), (10, 800)]):
         _requests(rows, part, skew_ms, first_n=1 + 3 * k)
-    store = make_store(rows)
+    store = make_store(rows, partitioning=PARTITIONING)
     # the store's pairs together admit no single offset
     lower, upper = query(store, "select max(lower_ns), min(upper_ns) from int_clock_bounds_per_domain_pair "
                                 "where domain_a = 'client-host' and domain_b = 'router-host'").row(0)
@@ -68,7 +71,8 @@ def _store_with_meta(path: Path, **meta: int) -> Store:
     """A store whose routeaudit_meta holds these partitioning settings from the start."""
     con = duckdb.connect(str(path))
     con.execute("create table routeaudit_meta (key varchar primary key, value varchar)")
-    con.executemany("insert into routeaudit_meta values (?, ?)", [(k, str(v)) for k, v in meta.items()])
+    con.executemany("insert into routeaudit_meta values (?, ?)",
+                    [(k, str(v)) for k, v in {"partition_s": PART_NS / 1e9, **meta}.items()])
     con.close()
     return Store(path)
 
@@ -127,7 +131,7 @@ def test_a_later_partition_changes_no_earlier_offset_or_corrected_time(
                   start_ns=T0 + 2 * PART_NS + i * MS, end_ns=T0 + 2 * PART_NS + (i + 100) * MS,
                   attrs={semconv.COMPONENT: "client", semconv.REQUEST_ID: f"other-{i}"},
                   resource={semconv.HOST_NAME: "client-host-2"})
-    store = make_store(early)
+    store = make_store(early, partitioning=PARTITIONING)
     offsets_sql = "select * from int_clock_offsets where part < ? order by all"
     limit = [T0 // PART_NS + 2]
     before_offsets = query(store, offsets_sql, limit).rows()

@@ -41,7 +41,9 @@ def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.Du
     path = tmp_path_factory.mktemp("slices") / "sample.duckdb"
     con = duckdb.connect(str(path))
     con.execute("create table routeaudit_meta (key varchar primary key, value varchar)")
-    con.execute("insert into routeaudit_meta values ('partition_s', ?)", [str(PARTITION_S)])
+    # windows of two partitions: the sample's partitions have windows that differ
+    con.execute("insert into routeaudit_meta values ('partition_s', ?), ('window_partitions', '2')",
+                [str(PARTITION_S)])
     con.close()
     write_sample_store(path)
     con = duckdb.connect(str(path), read_only=True)

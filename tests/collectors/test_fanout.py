@@ -479,6 +479,33 @@ partition closes once the watermark is a reach (660 s with SETTINGS) past it: ov
 five close, so a source whose newest request is minutes older than the other's closes some."""
 
 
+def test_a_target_without_spans_takes_the_sources_partitioning(tmp_path: Path) -> None:
+    """A target created before the merge recorded a new store's partitioning; merged into, it
+    takes its sources' and builds its relations under them, refreshing by slices or not."""
+    target = tmp_path / "target.duckdb"
+    Store(target).close()  # 60 s partitions, a window of 10
+    source = _store(tmp_path / "source.duckdb", False)
+    try:
+        t0 = 1_767_225_600_000_000_000
+        for k in range(4):  # more spans than a store refreshes whole
+            spans, events = _testbed_batch(seed=40 + k, n=1500, t0_ns=t0 + k * 900 * 10**9)
+            source.append(spans=spans, events=events)
+        assert source._spans_stored >= 20_000
+    finally:
+        source.close()
+    report = merge(target, [tmp_path / "source.duckdb"])
+    # other settings than the relations were built with: every relation is rebuilt
+    assert report.refresh_kind == "full"
+    store = Store(target)
+    try:
+        got = store._con.execute("select partition_s, window_partitions, lateness_s, max_request_s "
+                                 "from stg_partitioning").fetchall()[0]
+        assert tuple(float(v) for v in got) == tuple(float(SETTINGS[k]) for k in (
+            "partition_s", "window_partitions", "lateness_s", "max_request_s"))
+    finally:
+        store.close()
+
+
 def test_closed_partitions_of_the_sources_are_merged(tmp_path: Path) -> None:
     """Sources refreshed by slices move old partitions to Parquet; the merge reads them too."""
     t0 = 1_767_225_600_000_000_000

@@ -60,14 +60,50 @@ def test_a_new_store_takes_the_partitioning_and_keeps_it(tmp_path: Path) -> None
     assert _settings(path) == (60.0, 90.0, 10.0)
 
 
-def test_a_store_with_spans_and_no_settings_keeps_the_defaults(tmp_path: Path) -> None:
+def _window(path: Path) -> int:
+    store = Store(path)
+    try:
+        return int(store._con.execute("select window_partitions from stg_partitioning").fetchall()[0][0])
+    finally:
+        store.close()
+
+
+def test_a_new_store_records_the_defaults_and_keeps_them(tmp_path: Path) -> None:
     path = tmp_path / "audit.duckdb"
     raw = tiled_sample(1)
     store = Store(path)
     store.append(spans=raw["raw_spans"], events=raw["raw_span_events"])
     store.close()
-    with pytest.raises(StoreError, match=r"partition_s 300 \(asked 60\)"):
-        Store(path, partitioning={"partition_s": 60.0})
+    assert _settings(path) == (60.0, 600.0, 30.0)
+    assert _window(path) == 10  # 600 s of history
+    with pytest.raises(StoreError, match=r"partition_s 60 \(asked 300\)"):
+        Store(path, partitioning={"partition_s": 300.0})
     with pytest.raises(StoreError, match="unknown partitioning"):
         Store(path, partitioning={"partition_width": 60.0})
-    assert _settings(path)[0] == 300.0
+    assert _settings(path)[0] == 60.0
+
+
+@pytest.mark.parametrize(("width", "window"), [(15.0, 40), (300.0, 2), (7.0, 86), (900.0, 1)])
+def test_the_default_window_holds_600_s_of_traffic(tmp_path: Path, width: float, window: int) -> None:
+    path = tmp_path / "audit.duckdb"
+    Store(path, partitioning={"partition_s": width}).close()
+    assert _window(path) == window
+    Store(path, partitioning={"partition_s": 15.0, "window_partitions": 3}).close()
+    assert _window(path) == 3  # a store without spans takes what it is given
+
+
+def test_a_store_that_recorded_no_settings_keeps_the_fallbacks(tmp_path: Path) -> None:
+    """A store whose routeaudit_meta holds no partitioning (written before stores recorded it)
+    keeps stg_partitioning's fallbacks once it holds spans: 300 s, a window of 2."""
+    path = tmp_path / "audit.duckdb"
+    raw = tiled_sample(1)
+    store = Store(path)
+    store.append(spans=raw["raw_spans"], events=raw["raw_span_events"])
+    store._con.execute("delete from routeaudit_meta where key in "
+                       "('partition_s', 'window_partitions', 'lateness_s', 'max_request_s')")
+    store._con.execute("delete from routeaudit_meta where key = 'relations_version'")
+    store.close()
+    assert _settings(path) == (300.0, 600.0, 30.0)
+    assert _window(path) == 2
+    with pytest.raises(StoreError, match=r"partition_s 300 \(asked 60\)"):
+        Store(path, partitioning={"partition_s": 60.0})

@@ -87,3 +87,31 @@ def test_a_running_collector_cuts_old_partitions(tmp_path: Path) -> None:
         assert not again.dirty  # its records agree with its rows: no rebuild on the next start
     finally:
         again.close()
+
+
+@pytest.mark.parametrize(("partitioning", "needed_s"), [
+    ({}, 12 * 60 + 600),  # a new store's: 12 partitions of 60 s, then max_request_s
+    ({"partition_s": 15.0, "max_request_s": 60.0, "window_partitions": 2},
+     390 + 60),  # the replica lookback and skew reach further than the window
+    ({"partition_s": 300.0, "window_partitions": 2}, 4 * 300 + 600)])
+def test_raw_retention_shorter_than_a_slice_reads_is_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, partitioning: dict[str, float],
+        needed_s: float) -> None:
+    """Raw rows kept for less than a slice reads back plus max_request_s: late spans of older
+    requests would be stored and never analysed, so the collector says so when it starts."""
+    path = tmp_path / "audit.duckdb"
+    Store(path, partitioning=partitioning).close()
+    store = Store(path)
+    try:
+        assert store.raw_retention_needed_s() == needed_s
+    finally:
+        store.close()
+    for keep, warned in ((needed_s - 1, True), (needed_s, False), (7 * 86400, False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="routeaudit.collector"), \
+                Collector(CollectorConfig(db_path=path, http_port=0, grpc_port=None,
+                                          retain_raw_s=keep)):
+            pass
+        assert ("--retain-raw" in caplog.text) is warned, (keep, caplog.text)
+        if warned:
+            assert f"shorter than {needed_s:.0f}s" in caplog.text

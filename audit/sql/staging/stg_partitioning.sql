@@ -1,8 +1,9 @@
 -- stg_partitioning: one row. How event time is cut into partitions and when a partition's
 -- verdicts are final (docs/architecture.md, "Always-on analysis"). A store keeps its settings in
 -- routeaudit_meta (keys partition_s, window_partitions, lateness_s, max_request_s), written
--- when it is created; unset keys fall back to the defaults below, the only place they are
--- written. Changing them means rebuilding every relation.
+-- when it is created (audit/_store.py, DEFAULT_PARTITIONING, for the keys it is not given);
+-- the fallbacks below apply to a store that recorded none. Changing them means rebuilding
+-- every relation.
 with
 
 settings as (
