@@ -93,7 +93,7 @@ def test_the_default_window_holds_600_s_of_traffic(tmp_path: Path, width: float,
 
 
 def test_a_store_that_recorded_no_settings_keeps_the_fallbacks(tmp_path: Path) -> None:
-    """A store whose routeaudit_meta holds no partitioning (written before stores recorded it)
+    """A store whose routeaudit_meta holds no partitioning keys
     keeps stg_partitioning's fallbacks once it holds spans: 300 s, a window of 2."""
     path = tmp_path / "audit.duckdb"
     raw = tiled_sample(1)
