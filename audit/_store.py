@@ -86,17 +86,14 @@ def _set_partitioning(con: duckdb.DuckDBPyConnection, wanted: dict[str, float], 
         raise StoreError(f"window_partitions must be a whole number, got {windows!r}")
     spans = int(con.execute("select count(*) from raw_spans").fetchall()[0][0])
     if spans == 0 and not _closed.folder(path).exists():
-        recorded = {str(k) for (k,) in con.execute(
-            "select key from routeaudit_meta where key in "
+        recorded = {str(k): float(v) for k, v in con.execute(
+            "select key, value from routeaudit_meta where key in "
             f"({', '.join(repr(k) for k in PARTITIONING_KEYS)})").fetchall()}
         # what an empty store recorded before stays, unless asked otherwise; the rest defaults
         fill = {k: v for k, v in DEFAULT_PARTITIONING.items() if k not in recorded}
         if "window_partitions" not in recorded:
-            width = wanted.get("partition_s")
-            if width is None and "partition_s" in recorded:
-                width = float(con.execute("select value from routeaudit_meta "
-                                          "where key = 'partition_s'").fetchall()[0][0])
-            width = DEFAULT_PARTITIONING["partition_s"] if width is None else width
+            width = wanted.get("partition_s", recorded.get("partition_s",
+                                                           DEFAULT_PARTITIONING["partition_s"]))
             fill["window_partitions"] = max(1, math.ceil(WINDOW_HISTORY_S / width - 1e-9))
         wanted = {**fill, **wanted}
         if not wanted:
